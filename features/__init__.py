@@ -1,0 +1,1 @@
+"""Feature definitions, the batch engine and the online engine: one spec, two executors."""

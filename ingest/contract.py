@@ -1,0 +1,294 @@
+"""The telemetry contract: every record that crosses the bus, its topic and its wire form.
+
+Records are msgspec Structs so that decoding *is* validation: a record that does not match
+its type, carries another schema version, a negative timestamp or an empty node id raises
+:class:`RecordError` naming the field, and never reaches a feature engine half-formed.
+
+On the wire a Kafka message is UTF-8 JSON holding either one record or an array of records of
+the topic's type for one node (one scrape of a node's eight GPUs is one message). Timestamps
+are integer epoch milliseconds, UTC. GPU field names are DCGM's (``DCGM_FI_DEV_GPU_TEMP`` ->
+``gpu_temp``), so a dcgm-exporter scrape, an NVML poll and the simulator fill the same columns.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Topic",
+    "TELEMETRY_TOPICS",
+    "GpuSample",
+    "XidEvent",
+    "LinkSample",
+    "NodeEvent",
+    "FeatureContribution",
+    "RiskScore",
+    "MitigationEvent",
+    "DeadLetter",
+    "Record",
+    "RecordError",
+    "RECORD_TYPES",
+    "GPU_FIELDS",
+    "LINK_COUNTERS",
+    "encode",
+    "decode",
+    "topic_of",
+]
+
+SCHEMA_VERSION: Final = 1
+
+
+class Topic:
+    """Kafka topic names. Every record is keyed by its node id."""
+
+    GPU: Final = "telemetry.gpu"
+    XID: Final = "telemetry.xid"
+    LINK: Final = "telemetry.link"
+    NODE_EVENTS: Final = "node.events"
+    RISK: Final = "risk.scores"
+    MITIGATION: Final = "mitigation.events"
+    DEADLETTER: Final = "telemetry.deadletter"
+
+    ALL: Final = (GPU, XID, LINK, NODE_EVENTS, RISK, MITIGATION, DEADLETTER)
+
+
+TELEMETRY_TOPICS: Final = (Topic.GPU, Topic.XID, Topic.LINK, Topic.NODE_EVENTS)
+
+Version = Literal[1]
+EpochMs = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+NodeId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _Record(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Fields every record carries: schema version, node id, epoch-ms timestamp."""
+
+    v: Version = SCHEMA_VERSION
+    node: NodeId
+    ts: EpochMs
+
+
+class GpuSample(_Record):
+    """All of one GPU's fields at one instant. A field the GPU does not report stays ``None``.
+
+    Names follow DCGM (``DCGM_FI_DEV_<NAME>`` lower-cased). Cumulative counters (ECC totals,
+    retired pages, remapped rows, PCIe replays, NVLink errors, violations) are reported as the
+    device reports them; the feature pipeline turns them into reset-aware increases.
+    """
+
+    gpu: Annotated[int, msgspec.Meta(ge=0, le=1024)]
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    model_name: str | None = None
+    # gauges
+    gpu_temp: float | None = None
+    memory_temp: float | None = None
+    power_usage: float | None = None
+    sm_clock: float | None = None
+    mem_clock: float | None = None
+    gpu_util: float | None = None
+    mem_copy_util: float | None = None
+    fb_used: float | None = None
+    fb_free: float | None = None
+    clocks_event_reasons: int | None = None
+    xid_errors: int | None = None
+    row_remap_failure: int | None = None
+    row_remap_pending: int | None = None
+    # cumulative counters
+    ecc_sbe_vol_total: int | None = None
+    ecc_dbe_vol_total: int | None = None
+    ecc_sbe_agg_total: int | None = None
+    ecc_dbe_agg_total: int | None = None
+    retired_sbe: int | None = None
+    retired_dbe: int | None = None
+    retired_pending: int | None = None
+    correctable_remapped_rows: int | None = None
+    uncorrectable_remapped_rows: int | None = None
+    pcie_replay_counter: int | None = None
+    nvlink_crc_flit_error_count_total: int | None = None
+    nvlink_crc_data_error_count_total: int | None = None
+    nvlink_replay_error_count_total: int | None = None
+    nvlink_recovery_error_count_total: int | None = None
+    power_violation: int | None = None
+    thermal_violation: int | None = None
+    total_energy_consumption: int | None = None
+    # series a source reports that the contract does not name (kept, never dropped)
+    extra: dict[str, float] | None = None
+
+
+class XidEvent(_Record):
+    """One Xid (or a folded run of identical ones: ``count`` > 1 between ``first_ts`` and ``last_ts``).
+
+    ``xid`` 79 also stands for "GPU has fallen off the bus" lines, which is what that code means.
+    """
+
+    xid: Annotated[int, msgspec.Meta(ge=0, le=100_000)]
+    gpu: int | None = None
+    pci_bus_id: str | None = None
+    pid: int | None = None
+    process: str | None = None
+    message: str = ""
+    count: Annotated[int, msgspec.Meta(ge=1)] = 1
+    first_ts: EpochMs | None = None
+    last_ts: EpochMs | None = None
+
+
+class LinkSample(_Record):
+    """One InfiniBand port or NVLink link: state and cumulative error counters at one instant.
+
+    Counter names are the InfiniBand sysfs names (``/sys/class/infiniband/*/ports/*/counters``).
+    ``deltas`` holds per-interval increases when the collector computed them (reset-aware).
+    """
+
+    port: Annotated[str, msgspec.Meta(min_length=1)]
+    kind: Literal["ib", "nvlink", "eth"] = "ib"
+    state: str | None = None
+    phys_state: str | None = None
+    rate_gbps: float | None = None
+    symbol_error: Count | None = None
+    link_error_recovery: Count | None = None
+    link_downed: Count | None = None
+    port_rcv_errors: Count | None = None
+    port_rcv_remote_physical_errors: Count | None = None
+    port_xmit_discards: Count | None = None
+    local_link_integrity_errors: Count | None = None
+    excessive_buffer_overrun_errors: Count | None = None
+    extra: dict[str, int] | None = None
+    deltas: dict[str, int] | None = None
+
+
+NodeEventKind = Literal["up", "down", "failed", "drained", "repaired"]
+
+
+class NodeEvent(_Record):
+    """Node lifecycle. ``failed`` carries the cause; the simulator's ground truth also says
+    whether the failure showed foreshocks (``detectable``)."""
+
+    event: NodeEventKind
+    cause: str | None = None
+    detectable: bool | None = None
+    detail: str | None = None
+
+
+class FeatureContribution(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One feature's value and its SHAP contribution (log-odds) to a node's risk."""
+
+    name: str
+    value: float | None
+    contribution: float
+
+
+class RiskScore(_Record):
+    """A node's probability of failing within ``horizon_minutes``, as the predictor published it."""
+
+    probability: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+    alert: bool
+    threshold: float
+    horizon_minutes: int = 60
+    model_version: str = ""
+    top_features: list[FeatureContribution] = []
+
+
+class MitigationEvent(_Record):
+    """One step of one mitigation action, for the audit trail. ``action_id`` makes it idempotent."""
+
+    action_id: str
+    action: Literal["checkpoint", "drain", "undrain", "migrate", "pin", "unpin"]
+    status: Literal["planned", "started", "succeeded", "failed", "skipped"]
+    job: str | None = None
+    reason: str = ""
+    dry_run: bool = False
+    attempt: int = 1
+
+
+class DeadLetter(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A message that could not be decoded: its original bytes, where it came from, and why."""
+
+    v: Version = SCHEMA_VERSION
+    ts: EpochMs
+    topic: str
+    partition: int | None
+    offset: int | None
+    key: str | None
+    reason: str
+    value: bytes  # JSON encodes bytes as base64
+
+
+Record = GpuSample | XidEvent | LinkSample | NodeEvent | RiskScore | MitigationEvent
+
+RECORD_TYPES: Final[dict[str, type]] = {
+    Topic.GPU: GpuSample,
+    Topic.XID: XidEvent,
+    Topic.LINK: LinkSample,
+    Topic.NODE_EVENTS: NodeEvent,
+    Topic.RISK: RiskScore,
+    Topic.MITIGATION: MitigationEvent,
+    Topic.DEADLETTER: DeadLetter,
+}
+
+_TOPIC_OF: Final[dict[type, str]] = {t: topic for topic, t in RECORD_TYPES.items()}
+
+_NON_FIELDS: Final = {"v", "node", "ts", "gpu", "uuid", "pci_bus_id", "model_name", "extra"}
+GPU_FIELDS: Final[tuple[str, ...]] = tuple(f for f in GpuSample.__struct_fields__ if f not in _NON_FIELDS)
+"""Numeric GPU fields, in contract order: the columns features may read."""
+
+LINK_COUNTERS: Final[tuple[str, ...]] = (
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_xmit_discards",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+)
+
+
+class RecordError(ValueError):
+    """A message that is not a valid record of its topic. ``reason`` names the field."""
+
+    def __init__(self, topic: str, reason: str):
+        super().__init__(f"invalid record on {topic}: {reason}")
+        self.topic = topic
+        self.reason = reason
+
+
+_encoder = msgspec.json.Encoder()
+_decoders: dict[str, msgspec.json.Decoder] = {
+    topic: msgspec.json.Decoder(t | list[t]) for topic, t in RECORD_TYPES.items()  # type: ignore[operator]
+}
+
+
+def topic_of(record: Any) -> str:
+    """The topic a record type travels on."""
+    return _TOPIC_OF[type(record)]
+
+
+def encode(records: Any) -> bytes:
+    """JSON bytes for one record or a list of records of one topic."""
+    return _encoder.encode(records)
+
+
+def decode(topic: str, data: bytes) -> list[Any]:
+    """Decode and validate a message of ``topic``; always returns a list of records.
+
+    Raises :class:`RecordError` with a reason such as ``Expected `int` >= 0 - at `$.ts```.
+    """
+    try:
+        decoder = _decoders[topic]
+    except KeyError:
+        raise RecordError(topic, f"unknown topic {topic!r}") from None
+    try:
+        out = decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise RecordError(topic, str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise RecordError(topic, f"malformed JSON: {exc}") from None
+    if isinstance(out, list):
+        if not out:
+            raise RecordError(topic, "empty batch")
+        return out
+    return [out]

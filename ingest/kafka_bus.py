@@ -1,0 +1,130 @@
+"""The bus on Apache Kafka, through kafka-python.
+
+Producer: batched (``linger_ms``), lz4-compressed, ``acks=all`` so ``flush`` means durable.
+Consumer: a group member with auto-commit off; the application commits the offsets of what
+it has handled, so a crash replays uncommitted records instead of losing them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from ingest.bus import Message, commit_positions
+from ingest.contract import Topic
+
+__all__ = ["KafkaBus", "KafkaConsumerMember", "ensure_topics"]
+
+log = logging.getLogger(__name__)
+
+
+def ensure_topics(bootstrap: str, topics: Sequence[str] = Topic.ALL, partitions: int = 8) -> None:
+    """Create the topics that do not exist yet (a no-op for those that do)."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="foreshock-admin")
+    try:
+        existing = set(admin.list_topics())
+        missing = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics
+                   if t not in existing]
+        if missing:
+            try:
+                admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        admin.close()
+
+
+class KafkaBus:
+    """Kafka-backed :class:`ingest.bus.Bus`."""
+
+    def __init__(self, bootstrap: str, *, linger_ms: int = 20, batch_bytes: int = 1 << 20,
+                 compression: str | None = "lz4", client_id: str = "foreshock"):
+        self.bootstrap = bootstrap
+        self._client_id = client_id
+        self._producer: KafkaProducer | None = None
+        self._producer_config = dict(
+            bootstrap_servers=bootstrap,
+            client_id=client_id,
+            acks="all",
+            linger_ms=linger_ms,
+            batch_size=batch_bytes,
+            compression_type=compression,
+            max_request_size=8 << 20,
+            buffer_memory=256 << 20,
+        )
+
+    @property
+    def producer(self) -> KafkaProducer:
+        """Created on first send, so a consume-only process opens no producer connection."""
+        if self._producer is None:
+            self._producer = KafkaProducer(**self._producer_config)
+        return self._producer
+
+    def send(self, topic: str, key: str, value: bytes) -> None:
+        self.producer.send(topic, value=value, key=key.encode())
+
+    def flush(self) -> None:
+        if self._producer is not None:
+            self._producer.flush()
+
+    def consumer(self, group: str, topics: Sequence[str], **config) -> KafkaConsumerMember:
+        return KafkaConsumerMember(self.bootstrap, group, topics, client_id=self._client_id, **config)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush()
+            self._producer.close()
+            self._producer = None
+
+
+class KafkaConsumerMember:
+    """A consumer-group member with manual commits; see :class:`ingest.bus.Consumer`."""
+
+    def __init__(self, bootstrap: str, group: str, topics: Sequence[str], *, client_id: str = "foreshock",
+                 **config):
+        settings = dict(
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            client_id=client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=8 << 20,
+            session_timeout_ms=10_000,
+            heartbeat_interval_ms=1_000,
+        )
+        settings.update(config)
+        self._consumer = KafkaConsumer(*topics, **settings)
+
+    def poll(self, timeout_s: float = 1.0, max_records: int = 10_000) -> list[Message]:
+        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        out: list[Message] = []
+        for tp, records in batches.items():
+            out.extend(
+                Message(tp.topic, tp.partition, r.offset, r.key.decode() if r.key else None, r.value)
+                for r in records
+            )
+        return out
+
+    def commit(self, messages: Iterable[Message]) -> None:
+        offsets = {
+            TopicPartition(t, p): OffsetAndMetadata(pos, "", -1)
+            for (t, p), pos in commit_positions(messages).items()
+        }
+        if offsets:
+            self._consumer.commit(offsets)
+
+    def seek(self, positions: dict[tuple[str, int], int]) -> None:
+        """Move to explicit offsets (a service restoring a checkpoint that recorded them)."""
+        for (t, p), pos in positions.items():
+            self._consumer.seek(TopicPartition(t, p), pos)
+
+    def assignment(self) -> set[tuple[str, int]]:
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)

@@ -1,0 +1,195 @@
+"""A real single-node Apache Kafka broker (KRaft) for tests, benchmarks and local use.
+
+The broker's jars come from Maven Central (``org.apache.kafka:kafka_2.13``) through Maven into
+a cache outside the checkout (``$FORESHOCK_CACHE`` or ``~/.cache/foreshock``), once; later
+starts reuse them. Needs Java 17+ and ``mvn`` on the PATH.
+
+    python -m ingest.kafka_local up     # starts in the background, prints 127.0.0.1:PORT
+    python -m ingest.kafka_local down
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+__all__ = ["KAFKA_VERSION", "cache_dir", "fetch_jars", "LocalKafka", "free_port"]
+
+KAFKA_VERSION = "4.1.1"
+LOG4J_VERSION = "2.24.3"
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>
+<groupId>foreshock</groupId><artifactId>kafka-broker</artifactId><version>1</version><packaging>pom</packaging>
+<dependencies>
+<dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{kafka}</version></dependency>
+<dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>{kafka}</version></dependency>
+<dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
+<dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId><version>{log4j}</version></dependency>
+</dependencies></project>
+"""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FORESHOCK_CACHE", Path.home() / ".cache" / "foreshock"))
+
+
+def fetch_jars(version: str = KAFKA_VERSION) -> Path:
+    """The folder holding the broker's jars, downloading them with Maven the first time."""
+    libs = cache_dir() / "kafka" / version / "libs"
+    if (libs / f"kafka_2.13-{version}.jar").exists():
+        return libs
+    if shutil.which("mvn") is None or shutil.which("java") is None:
+        raise RuntimeError("the Kafka broker needs `java` (17+) and `mvn` on the PATH")
+    work = libs.parent / "build"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pom.xml").write_text(_POM.format(kafka=version, log4j=LOG4J_VERSION))
+    tmp = libs.parent / "libs.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    subprocess.run(
+        ["mvn", "-q", "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+         f"-DoutputDirectory={tmp}"],
+        check=True,
+    )
+    tmp.rename(libs)  # atomic: a half-fetched cache is never mistaken for a complete one
+    return libs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalKafka:
+    """One broker process: ``start()`` formats the log dir, launches KRaft and waits for the port."""
+
+    def __init__(self, data_dir: Path | None = None, port: int | None = None, partitions: int = 8,
+                 heap_mb: int = 768):
+        self.port = port or free_port()
+        self.controller_port = free_port()
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="foreshock-kafka-"))
+        self.partitions = partitions
+        self.heap_mb = heap_mb
+        self.process: subprocess.Popen | None = None
+        self.libs = fetch_jars()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def classpath(self) -> str:
+        return str(self.libs / "*")
+
+    def _write_config(self) -> Path:
+        cfg = self.data_dir / "server.properties"
+        cfg.write_text("\n".join([
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"log.dirs={self.data_dir / 'logs'}",
+            f"num.partitions={self.partitions}",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=8",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=true",
+            "message.max.bytes=10485760",
+        ]) + "\n")
+        return cfg
+
+    def start(self, timeout_s: float = 90) -> LocalKafka:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cfg = self._write_config()
+        java = ["java", f"-Xmx{self.heap_mb}m", "-cp", self.classpath]
+        if not (self.data_dir / "logs" / "meta.properties").exists():
+            cluster_id = uuid.uuid4().bytes.hex()[:22]
+            subprocess.run([*java, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(cfg)],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = open(self.data_dir / "broker.log", "ab")
+        self.process = subprocess.Popen([*java, "kafka.Kafka", str(cfg)], stdout=log, stderr=log,
+                                        start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Kafka broker exited with {self.process.returncode}; "
+                                   f"see {self.data_dir / 'broker.log'}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                (self.data_dir / "broker.pid").write_text(str(self.process.pid))
+                return self
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        raise TimeoutError(f"Kafka broker did not open 127.0.0.1:{self.port} in {timeout_s}s")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> LocalKafka:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _state_dir() -> Path:
+    return cache_dir() / "kafka" / "local"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ingest.kafka_local")
+    parser.add_argument("action", choices=["up", "down", "fetch"])
+    parser.add_argument("--port", type=int, default=9092)
+    args = parser.parse_args(argv)
+    state = _state_dir()
+    if args.action == "fetch":
+        print(fetch_jars())
+        return 0
+    pid_file = state / "broker.pid"
+    if args.action == "down":
+        if pid_file.exists():
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            pid_file.unlink()
+            print("Kafka broker stopped")
+        else:
+            print("no Kafka broker running")
+        return 0
+    if pid_file.exists():
+        try:
+            os.kill(int(pid_file.read_text()), 0)
+            print((state / "bootstrap").read_text().strip())
+            return 0
+        except (ProcessLookupError, FileNotFoundError, ValueError):
+            pid_file.unlink()
+    broker = LocalKafka(data_dir=state, port=args.port).start()
+    (state / "bootstrap").write_text(broker.bootstrap + "\n")
+    print(broker.bootstrap)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

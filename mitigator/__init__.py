@@ -1,0 +1,1 @@
+"""Mitigation policy, action adapters, audit log and the training-side hook."""
