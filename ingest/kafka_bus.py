@@ -55,7 +55,6 @@ class KafkaBus:
             batch_size=batch_bytes,
             compression_type=compression,
             max_request_size=8 << 20,
-            buffer_memory=256 << 20,
         )
 
     @property

@@ -1,0 +1,122 @@
+"""The bus against a real Apache Kafka broker: ordering, group takeover, dead letters."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+import msgspec
+import pytest
+
+from ingest.contract import DeadLetter, GpuSample, Topic
+from ingest.kafka_bus import KafkaBus
+from ingest.stream import RecordStream, publish
+
+pytestmark = pytest.mark.integration
+
+NODES, GPUS, STEPS = 256, 8, 98  # 200,704 GPU samples
+
+
+def _scrape(node: int | str, step: int) -> list[GpuSample]:
+    name = node if isinstance(node, str) else f"node{node:04d}"
+    return [GpuSample(node=name, ts=1_000 + step * 30_000, gpu=g, gpu_temp=40.0 + g) for g in range(GPUS)]
+
+
+def test_group_of_two_takes_over_a_stopped_member_with_nothing_lost(kafka_bootstrap, group_id):
+    bus = KafkaBus(kafka_bootstrap)
+    for step in range(STEPS):
+        for n in range(NODES):
+            publish(bus, _scrape(n, step))
+    bus.flush()
+    total = NODES * GPUS * STEPS
+
+    seen: dict[str, list[tuple[int, int]]] = defaultdict(list)  # node -> [(ts, gpu)] in arrival order
+    owner: dict[str, set[str]] = defaultdict(set)
+    lock = threading.Lock()
+    count = [0]
+    stop_a = threading.Event()
+    done = threading.Event()
+
+    def member(name: str, stop: threading.Event) -> None:
+        stream = RecordStream(bus, bus.consumer(group_id, [Topic.GPU], max_poll_records=2_000))
+        try:
+            while not stop.is_set() and not done.is_set():
+                decoded = stream.poll(timeout_s=0.5, max_records=2_000)
+                with lock:
+                    for d in decoded:
+                        for r in d.records:
+                            seen[r.node].append((r.ts, r.gpu))
+                            owner[r.node].add(name)
+                    count[0] += sum(len(d.records) for d in decoded)
+                    if count[0] >= total:
+                        done.set()
+                stream.commit(decoded)
+        finally:
+            stream.close()
+
+    a = threading.Thread(target=member, args=("a", stop_a))
+    b = threading.Thread(target=member, args=("b", threading.Event()))
+    a.start()
+    b.start()
+    deadline = time.monotonic() + 120
+    while count[0] < total // 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop_a.set()
+    a.join(30)
+    done.wait(max(1.0, deadline - time.monotonic()))
+    done.set()
+    b.join(30)
+
+    assert count[0] == total, f"consumed {count[0]} of {total}"
+    assert len(seen) == NODES
+    for node, records in seen.items():
+        assert len(records) == len(set(records)) == GPUS * STEPS, f"{node}: duplicates or losses"
+        assert [ts for ts, _ in records] == sorted(ts for ts, _ in records), f"{node} out of order"
+    assert any(owner[n] == {"a", "b"} for n in seen), "no partition moved from the stopped member"
+    bus.close()
+
+
+def test_bad_input_lands_in_dead_letters_and_nothing_else_is_lost(kafka_bootstrap, group_id):
+    """The topic may hold other tests' records: this one follows its own node key only."""
+    bus = KafkaBus(kafka_bootstrap)
+    node = f"dlq-{group_id}"
+    bad = {
+        "garbage": b"\x00\xffnot json at all",
+        "truncated": b'{"v":1,"node":"%s","ts":17' % node.encode(),
+        "version": b'{"v":9,"node":"%s","ts":17,"gpu":0}' % node.encode(),
+        "negative": b'{"v":1,"node":"%s","ts":-17,"gpu":0}' % node.encode(),
+        "no-node": b'{"v":1,"ts":17,"gpu":0}',
+    }
+    publish(bus, _scrape(node, 0))
+    for payload in bad.values():
+        bus.send(Topic.GPU, node, payload)
+    publish(bus, _scrape(node, 1))
+    bus.flush()
+
+    stream = RecordStream(bus, bus.consumer(group_id, [Topic.GPU]))
+    good, polled = [], 0
+    deadline = time.monotonic() + 30
+    while polled < 2 + len(bad) and time.monotonic() < deadline:
+        decoded = [d for d in stream.poll(timeout_s=0.5) if d.message.key == node]
+        polled += len(decoded)
+        good += [r for d in decoded for r in d.records]
+        stream.commit(decoded)
+    stream.close()
+    assert len(good) == 2 * GPUS and stream.dead_letters == len(bad)
+
+    letters_consumer = bus.consumer(group_id + "-dlq", [Topic.DEADLETTER])
+    letters: list[DeadLetter] = []
+    deadline = time.monotonic() + 30
+    while len(letters) < len(bad) and time.monotonic() < deadline:
+        letters += [msgspec.json.decode(m.value, type=DeadLetter) for m in letters_consumer.poll(0.5)
+                    if m.key == node]
+    letters_consumer.close()
+    assert sorted(letter.value for letter in letters) == sorted(bad.values())
+    reasons = {letter.value: letter.reason for letter in letters}
+    assert "malformed JSON" in reasons[bad["garbage"]]
+    assert "$.v" in reasons[bad["version"]]
+    assert "$.ts" in reasons[bad["negative"]]
+    assert "node" in reasons[bad["no-node"]]
+    assert all(letter.topic == Topic.GPU and letter.offset is not None for letter in letters)
+    bus.close()

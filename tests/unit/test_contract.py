@@ -1,0 +1,75 @@
+"""The contract decodes what it encodes and refuses, by field, what it must not accept."""
+
+import msgspec
+import pytest
+
+from ingest.contract import (
+    GPU_FIELDS,
+    RECORD_TYPES,
+    DeadLetter,
+    GpuSample,
+    LinkSample,
+    NodeEvent,
+    RecordError,
+    RiskScore,
+    Topic,
+    XidEvent,
+    decode,
+    encode,
+    topic_of,
+)
+
+SAMPLES = [
+    GpuSample(node="n1", ts=1_700_000_000_000, gpu=3, gpu_temp=61.5, ecc_sbe_vol_total=12,
+              extra={"DCGM_FI_DEV_NEW_THING": 1.0}),
+    XidEvent(node="n1", ts=5, xid=79, gpu=0, pci_bus_id="0000:3b:00.0", message="fallen off the bus",
+             count=3, first_ts=1, last_ts=5),
+    LinkSample(node="n1", ts=5, port="mlx5_0:1", state="ACTIVE", symbol_error=4, deltas={"symbol_error": 1}),
+    NodeEvent(node="n1", ts=5, event="failed", cause="gpu_hbm", detectable=True),
+    RiskScore(node="n1", ts=5, probability=0.4, alert=False, threshold=0.5, model_version="3"),
+]
+
+
+@pytest.mark.parametrize("record", SAMPLES, ids=lambda r: type(r).__name__)
+def test_round_trip_single_and_batch(record):
+    topic = topic_of(record)
+    assert decode(topic, encode(record)) == [record]
+    assert decode(topic, encode([record, record])) == [record, record]
+
+
+def test_every_topic_has_a_record_type():
+    assert set(RECORD_TYPES) == set(Topic.ALL)
+
+
+def test_gpu_fields_are_numeric_contract_columns():
+    assert "gpu_temp" in GPU_FIELDS and "ecc_dbe_vol_total" in GPU_FIELDS
+    assert not {"node", "ts", "gpu", "v", "extra", "uuid"} & set(GPU_FIELDS)
+
+
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        (b'{"v":2,"node":"n1","ts":1,"gpu":0}', "$.v"),
+        (b'{"v":1,"node":"n1","ts":-5,"gpu":0}', "$.ts"),
+        (b'{"v":1,"ts":1,"gpu":0}', "node"),
+        (b'{"v":1,"node":"","ts":1,"gpu":0}', "$.node"),
+        (b'{"v":1,"node":"n1","ts":1,"gpu":0,"gpu_temp":"hot"}', "$.gpu_temp"),
+        (b'{"v":1,"node":"n1","ts":1,"gpu":0,"surprise":1}', "surprise"),
+        (b'[{"v":1,"node":"n1","ts":1,"gpu":0},{"v":1,"node":"n1","ts":"x","gpu":0}]', "$[1].ts"),
+    ],
+)
+def test_invalid_records_name_the_field(payload, field):
+    with pytest.raises(RecordError) as info:
+        decode(Topic.GPU, payload)
+    assert field in info.value.reason
+
+
+@pytest.mark.parametrize("payload", [b"\xff\xfe garbage", b'{"v":1,"node":"n1","ts":', b"", b"[]"])
+def test_garbage_and_truncation_are_record_errors(payload):
+    with pytest.raises(RecordError):
+        decode(Topic.GPU, payload)
+
+
+def test_dead_letter_keeps_original_bytes():
+    letter = DeadLetter(ts=1, topic=Topic.GPU, partition=2, offset=9, key="n1", reason="bad", value=b"\xff\x00")
+    assert msgspec.json.decode(encode(letter), type=DeadLetter).value == b"\xff\x00"
