@@ -34,7 +34,8 @@ def scrape(node: int, step: int) -> list[GpuSample]:
     """One node's 8 GPUs at one instant, with the fields a dcgm-exporter scrape fills."""
     ts = 1_760_000_000_000 + step * 30_000
     return [
-        GpuSample(node=f"node{node:04d}", ts=ts, gpu=g, gpu_temp=55.0 + g, memory_temp=60.0, power_usage=640.5,
+        GpuSample(node=f"node{node:04d}", ts=ts, gpu=g, gpu_temp=55.0 + g, memory_temp=60.0,
+                  power_usage=640.5,
                   sm_clock=1980.0, mem_clock=2619.0, gpu_util=97.0, mem_copy_util=41.0, fb_used=70_123.0,
                   ecc_sbe_vol_total=3, ecc_dbe_vol_total=0, pcie_replay_counter=0,
                   nvlink_crc_flit_error_count_total=0, xid_errors=0)

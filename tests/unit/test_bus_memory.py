@@ -6,7 +6,8 @@ from ingest.stream import RecordStream, publish
 
 
 def _samples(nodes: int, steps: int):
-    return [GpuSample(node=f"n{n}", ts=t, gpu=g) for t in range(steps) for n in range(nodes) for g in range(2)]
+    return [GpuSample(node=f"n{n}", ts=t, gpu=g)
+            for t in range(steps) for n in range(nodes) for g in range(2)]
 
 
 def test_each_node_is_ordered_and_owned_by_one_member():

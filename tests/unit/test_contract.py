@@ -71,5 +71,6 @@ def test_garbage_and_truncation_are_record_errors(payload):
 
 
 def test_dead_letter_keeps_original_bytes():
-    letter = DeadLetter(ts=1, topic=Topic.GPU, partition=2, offset=9, key="n1", reason="bad", value=b"\xff\x00")
+    letter = DeadLetter(ts=1, topic=Topic.GPU, partition=2, offset=9, key="n1", reason="bad",
+                        value=b"\xff\x00")
     assert msgspec.json.decode(encode(letter), type=DeadLetter).value == b"\xff\x00"
