@@ -83,7 +83,9 @@ def _parse(text: str, source: str) -> XidPolicy:
         try:
             xid = int(row["xid"])
         except (TypeError, ValueError):
-            raise ValueError(f"{source}: line {reader.line_num}: xid {row['xid']!r} is not an integer") from None
+            raise ValueError(
+                f"{source}: line {reader.line_num}: xid {row['xid']!r} is not an integer"
+            ) from None
         rules[xid] = XidRule(xid=xid, **{c: (row.get(c) or "").strip() for c in _COLUMNS})
     return XidPolicy(rules, version)
 
