@@ -1,7 +1,145 @@
-"""Commands of this area (registered by foreshock.cli)."""
+"""``foreshock goodput``: what failures cost a training job, and what checkpointing and prediction buy.
 
+Builds the failure traces (a profile draw per cluster size, a simulated dataset's ground truth,
+or the real InfiniteHBD trace), replays them with ``models.goodput`` and prints one table per
+cluster size (or JSON), plus a plot of ETTR against recall.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import pandas as pd
 import typer
+from rich.console import Console
+from rich.table import Table
+from typer import Option as Opt
+
+from foreshock.commands.durations import parse_duration
+from models.goodput import (
+    JSON_KEYS,
+    FailureTrace,
+    JobParams,
+    OperatingPoint,
+    compare,
+    from_ground_truth,
+    from_profile,
+    load_infinitehbd,
+    load_profile,
+    resize,
+    sweep,
+)
+from models.goodput.plot import plot_ettr_vs_recall
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROFILES_DIR = REPO_ROOT / "datasets" / "profiles"
+TRACES = {"infinitehbd": REPO_ROOT / "datasets" / "traces" / "infinitehbd" / "fault_trace.json"}
+SWEEP_RECALLS = tuple(k / 10 for k in range(11))
+
+
+def _seconds(text: str) -> float:
+    return math.inf if text.strip() in ("inf", "never") else parse_duration(text).total_seconds()
+
+
+def _trace_builder(profile: str | None, trace: str | None, dataset: Path | None, days: float, seed: int):
+    """(name, its own GPU count or None, function gpus -> FailureTrace) for the chosen source."""
+    chosen = [x for x in (profile, trace, dataset) if x is not None]
+    if len(chosen) != 1:
+        raise typer.BadParameter("give exactly one of --profile, --trace, --dataset")
+    if profile is not None:
+        path = Path(profile) if profile.endswith(".toml") else PROFILES_DIR / f"{profile}.toml"
+        if not path.exists():
+            raise typer.BadParameter(f"no profile {path}")
+        spec = load_profile(path)
+        spec.setdefault("name", path.stem)
+        return path.stem, None, lambda g: from_profile(spec, gpus=g, days=days, seed=seed)
+    if trace is not None:
+        base = load_infinitehbd(TRACES.get(trace, Path(trace)))
+        return trace, base.gpus, lambda g: resize(base, g, seed=seed)
+    assert dataset is not None
+    base = from_ground_truth(dataset)
+    return str(dataset), base.gpus, lambda g: resize(base, g, seed=seed)
+
+
+def _print_tables(console: Console, table: pd.DataFrame, traces: dict[int, FailureTrace], params: JobParams,
+                  op: OperatingPoint, source: str) -> None:
+    lead_s = float(np.median(op.lead_time_s))
+    console.print(f"[bold]goodput[/] {source}: checkpoint {params.checkpoint_s:g} s, "
+                  f"restart {params.restart_s:g} s, migration {params.migration_s:g} s, "
+                  f"spares {params.spares}, spare refill {params.spare_refill_s / 60:g} min\n"
+                  f"operating point: recall {op.recall:.2f}, median lead {lead_s / 60:.1f} min, "
+                  f"false alarms {op.false_alarms_per_1000_node_days:g} per 1000 node-days")
+    for gpus, rows in table.groupby("gpus", sort=True):
+        trace = traces[gpus]
+        title = (f"{gpus:,} GPUs ({trace.nodes} nodes): {len(trace)} failures in {trace.days:.0f} days, "
+                 f"MTBF {trace.mtbf_s / 3600:.2f} h")
+        out = Table(title=title, title_justify="left")
+        for col in ("strategy", "interval", "ETTR", "GPU-h lost/day", "interruptions/day", "migrations/day",
+                    "lost-time reduction"):
+            out.add_column(col, justify="left" if col == "strategy" else "right")
+        for r in rows.itertuples():
+            interval = "none" if math.isinf(r.interval_min) else f"{r.interval_min:.1f} min"
+            out.add_row(r.strategy, interval, f"{r.ettr:.4f}", f"{r.lost_gpu_hours_per_day:,.0f}",
+                        f"{r.interruptions_per_day:.2f}", f"{r.migrations_per_day:.2f}",
+                        f"{r.lost_time_reduction:+.1%}")
+        console.print(out)
+
+
+def goodput(
+    profile: Annotated[str | None, Opt(help="Profile in datasets/profiles/ (name or .toml path).")] = None,
+    trace: Annotated[str | None, Opt(help="Real trace: 'infinitehbd' or a fault_trace.json path.")] = None,
+    dataset: Annotated[Path | None, Opt(help="Simulated dataset DIR (replays its ground truth).")] = None,
+    gpus: Annotated[str | None, Opt(help="Cluster sizes, e.g. 1024,4096,16384 (default: profile "
+                                    "1024,4096,16384; trace or dataset: its own size).")] = None,
+    days: Annotated[float, Opt(help="Days drawn from a profile (long draws give expectations).")] = 3650.0,
+    metrics: Annotated[Path | None, Opt(help="metrics.json from 'foreshock evaluate'.")] = None,
+    predictor: Annotated[str, Opt(help="Which predictor of --metrics to use.")] = "model",
+    recall: Annotated[float, Opt(help="Recall without --metrics.")] = 0.6,
+    lead_minutes: Annotated[float, Opt(help="Median warning lead time without --metrics.")] = 30.0,
+    false_alarms_per_1000_node_days: Annotated[float, Opt(help="False alarms without --metrics.")] = 1.0,
+    checkpoint: Annotated[str, Opt(help="Blocking part of a checkpoint write.")] = "30s",
+    restart: Annotated[str, Opt(help="Restart time after a crash.")] = "10m",
+    migration: Annotated[str, Opt(help="Migration time onto a spare after a warning.")] = "60s",
+    spares: Annotated[int, Opt(help="Hot spare nodes.")] = 2,
+    spare_refill: Annotated[str, Opt(help="Time to replace a used spare ('inf': repair only).")] = "1h",
+    interval: Annotated[str, Opt(help="Checkpoint interval of the fixed baseline.")] = "30m",
+    seed: Annotated[int, Opt(help="Seed of profile draws and of the predictor's hits.")] = 0,
+    as_json: Annotated[bool, Opt("--json", help="Print the table as JSON.")] = False,
+    plot: Annotated[Path | None, Opt(help="PNG of ETTR against recall (default OUT/goodput.png).")] = None,
+    out: Annotated[Path, Opt(help="Folder for the default plot.")] = Path("."),
+    no_plot: Annotated[bool, Opt("--no-plot", help="Skip the plot.")] = False,
+) -> None:
+    """Compare checkpointing strategies (fixed, Young/Daly, Foreshock, oracle) on the same failures."""
+    source, own_gpus, trace_for = _trace_builder(profile, trace, dataset, days, seed)
+    if gpus:
+        sizes = [int(g) for g in gpus.split(",") if g.strip()]
+    else:
+        sizes = [own_gpus] if own_gpus else [1024, 4096, 16384]
+    params = JobParams(checkpoint_s=_seconds(checkpoint), restart_s=_seconds(restart),
+                       migration_s=_seconds(migration), spares=spares, spare_refill_s=_seconds(spare_refill))
+    if metrics is not None:
+        op = OperatingPoint.from_metrics(metrics, predictor)
+    else:
+        op = OperatingPoint(recall=recall, lead_time_s=lead_minutes * 60.0,
+                            false_alarms_per_1000_node_days=false_alarms_per_1000_node_days)
+    traces = {g: trace_for(g) for g in sizes}
+    table = compare([traces[g] for g in sizes], params, op, fixed_interval_s=_seconds(interval), seed=seed)
+    if as_json:
+        typer.echo(json.dumps([{k: row[k] for k in JSON_KEYS} for row in table.to_dict("records")], indent=2))
+    else:
+        _print_tables(Console(width=120), table, traces, params, op, source)
+    if not no_plot:
+        curve = sweep(lambda g: traces[g], sizes, SWEEP_RECALLS, params, op, seed=seed)
+        title = f"{source}: ETTR against recall (dashed: Young/Daly, dotted: oracle, star: operating point)"
+        path = plot_ettr_vs_recall(curve, plot or out / "goodput.png", operating_recall=op.recall,
+                                   title=title)
+        typer.echo(f"plot: {path}", err=True)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this area's commands to ``app``."""
+    """Add ``foreshock goodput`` to ``app``."""
+    app.command("goodput")(goodput)

@@ -1,0 +1,180 @@
+"""Strategies compared on the same failure trace, and sweeps over cluster size and recall.
+
+Strategies (``STRATEGIES``):
+
+* ``fixed``: checkpoint every ``fixed_interval_s`` of compute (default 30 min), no prediction.
+* ``young_daly``: Daly's optimal interval for the trace's observed MTBF, no prediction.
+* ``foreshock``: warnings at the predictor's operating point trigger a proactive checkpoint and
+  a migration to a spare; the periodic interval is Daly's for the failures left unpredicted
+  (so with recall 0 and no false alarms it *is* ``young_daly``).
+* ``oracle``: every failure is warned just in time (checkpoint + migration + 60 s ahead), no
+  false alarms, no periodic checkpoints: the ceiling any predictor can reach.
+
+All strategies see the same failures; the foreshock warnings come from one random draw per
+failure, so raising recall only adds warnings (common random numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from models.goodput.simulate import JobParams, SimResult, simulate
+from models.goodput.traces import FailureTrace
+from models.reliability import SECONDS_PER_DAY, daly_interval_seconds, mitigation_success_probability
+
+__all__ = ["STRATEGIES", "JSON_KEYS", "OperatingPoint", "draw_warnings", "run_strategies", "compare", "sweep"]
+
+STRATEGIES = ("fixed", "young_daly", "foreshock", "oracle")
+ORACLE_MARGIN_S = 60.0
+JSON_KEYS = (
+    "gpus", "strategy", "ettr", "lost_gpu_hours_per_day", "interruptions_per_day", "lost_time_reduction",
+)
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """A predictor's operating point: recall, lead time and false-alarm rate.
+
+    ``lead_time_s`` is a median (lead times then follow an exponential law with that median)
+    or a sample of observed lead times. ``recall_by_cause`` overrides ``recall`` for failures
+    whose trace cause matches a key.
+    """
+
+    recall: float = 0.6
+    lead_time_s: float | tuple[float, ...] = 1800.0
+    false_alarms_per_1000_node_days: float = 1.0
+    recall_by_cause: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any] | str | Path,
+                     predictor: str = "model") -> OperatingPoint:
+        """The operating point of ``predictor`` in a ``metrics.json`` written by ``foreshock evaluate``.
+
+        Uses ``recall_at_budget``, ``false_alarms_per_1000_node_days``, ``median_lead_minutes``
+        and, when present, ``recall_by_cause``.
+        """
+        if not isinstance(metrics, Mapping):
+            metrics = json.loads(Path(metrics).read_text())
+        entry = metrics.get(predictor) or metrics.get("predictors", {}).get(predictor)
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"metrics have no object for predictor {predictor!r}")
+        by_cause = entry.get("recall_by_cause") or {}
+        return cls(recall=float(entry["recall_at_budget"]),
+                   lead_time_s=float(entry["median_lead_minutes"]) * 60.0,
+                   false_alarms_per_1000_node_days=float(entry["false_alarms_per_1000_node_days"]),
+                   recall_by_cause={str(k): float(v) for k, v in by_cause.items() if v is not None})
+
+    def recall_for(self, causes: np.ndarray) -> np.ndarray:
+        return np.array([self.recall_by_cause.get(str(c), self.recall) for c in causes], dtype=float)
+
+    def lead_quantile(self, u: np.ndarray) -> np.ndarray:
+        """Lead times at uniform draws ``u`` (inverse CDF, so one draw serves every operating point)."""
+        if np.ndim(self.lead_time_s) == 0:
+            return -float(self.lead_time_s) * np.log2(np.clip(u, 1e-300, 1.0))
+        return np.quantile(np.asarray(self.lead_time_s, dtype=float), u)
+
+
+def draw_warnings(trace: FailureTrace, op: OperatingPoint, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(warning time per failure, NaN if unpredicted; false-alarm times) for one replay."""
+    rng = np.random.default_rng([seed, 1])
+    hit, lead_u = rng.random(len(trace)), rng.random(len(trace))
+    predicted = hit < op.recall_for(trace.cause)
+    warn = np.where(predicted, np.maximum(0.0, trace.fail_s - op.lead_quantile(lead_u)), np.nan)
+    per_second = op.false_alarms_per_1000_node_days * trace.nodes / 1000.0 / SECONDS_PER_DAY
+    false_alarms = rng.uniform(0.0, trace.duration_s, rng.poisson(per_second * trace.duration_s))
+    return warn, false_alarms
+
+
+def _foreshock_interval(trace: FailureTrace, params: JobParams, op: OperatingPoint) -> float:
+    """Daly's interval for the failures the predictor leaves (its expected residual rate)."""
+    if not len(trace):
+        return math.inf
+    needed = params.checkpoint_s + params.migration_s
+    lead = op.lead_time_s if np.ndim(op.lead_time_s) == 0 else np.asarray(op.lead_time_s)
+    caught = float(np.mean(op.recall_for(trace.cause))) * mitigation_success_probability(lead, needed)
+    residual = 1.0 - caught
+    return math.inf if residual <= 0 else daly_interval_seconds(params.checkpoint_s, trace.mtbf_s / residual)
+
+
+def run_strategies(trace: FailureTrace, params: JobParams, op: OperatingPoint, *,
+                   fixed_interval_s: float = 1800.0, strategies: Sequence[str] = STRATEGIES,
+                   seed: int = 0) -> dict[str, SimResult]:
+    """Replay ``trace`` once per strategy (see the module docstring)."""
+    results: dict[str, SimResult] = {}
+    for name in strategies:
+        if name == "fixed":
+            results[name] = simulate(trace, fixed_interval_s, params)
+        elif name == "young_daly":
+            results[name] = simulate(trace, daly_interval_seconds(params.checkpoint_s, trace.mtbf_s), params)
+        elif name == "foreshock":
+            warn, false_alarms = draw_warnings(trace, op, seed)
+            results[name] = simulate(trace, _foreshock_interval(trace, params, op), params,
+                                     warn_s=warn, false_alarm_s=false_alarms)
+        elif name == "oracle":
+            lead = params.checkpoint_s + params.migration_s + ORACLE_MARGIN_S
+            results[name] = simulate(trace, math.inf, params, warn_s=np.maximum(0.0, trace.fail_s - lead))
+        else:
+            raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
+    return results
+
+
+def _rows(results: Mapping[str, SimResult], baseline: SimResult) -> list[dict[str, Any]]:
+    """Table rows; ``lost_time_reduction`` = 1 − lost(strategy) / lost(baseline)."""
+    rows = []
+    base_lost = 1.0 - baseline.ettr
+    for name, r in results.items():
+        reduction = (1.0 - (1.0 - r.ettr) / base_lost) if base_lost > 0 else 0.0
+        rows.append({"gpus": r.gpus, "strategy": name, "ettr": r.ettr,
+                     "lost_gpu_hours_per_day": r.lost_gpu_hours_per_day,
+                     "interruptions_per_day": r.interruptions_per_day, "lost_time_reduction": reduction,
+                     "interval_min": r.interval_s / 60.0,
+                     "migrations_per_day": r.migrations / (r.duration_s / SECONDS_PER_DAY),
+                     "planned_restarts_per_day": r.planned_restarts / (r.duration_s / SECONDS_PER_DAY)})
+    return rows
+
+
+def compare(traces: Iterable[FailureTrace], params: JobParams, op: OperatingPoint, *,
+            fixed_interval_s: float = 1800.0, seed: int = 0) -> pd.DataFrame:
+    """One row per (trace, strategy); ``lost_time_reduction`` is relative to ``fixed`` on that trace.
+
+    Columns: the JSON keys of ``foreshock goodput --json`` (``gpus``, ``strategy``, ``ettr``,
+    ``lost_gpu_hours_per_day``, ``interruptions_per_day``, ``lost_time_reduction``) then
+    ``interval_min``, ``migrations_per_day``, ``planned_restarts_per_day``.
+    """
+    rows: list[dict[str, Any]] = []
+    for trace in traces:
+        results = run_strategies(trace, params, op, fixed_interval_s=fixed_interval_s, seed=seed)
+        rows += _rows(results, results["fixed"])
+    return pd.DataFrame(rows)
+
+
+def sweep(trace_for_gpus: Callable[[int], FailureTrace], gpus: Sequence[int], recalls: Sequence[float],
+          params: JobParams | None = None, op: OperatingPoint | None = None, *,
+          seed: int = 0) -> pd.DataFrame:
+    """ETTR against cluster size and recall, for notebooks and the ``--plot`` figure.
+
+    ``trace_for_gpus(g)`` returns the trace of a ``g``-GPU job (e.g.
+    ``lambda g: from_profile(profile, gpus=g, days=365)``). Returns one row per (gpus, recall)
+    for the ``foreshock`` strategy at that recall (other operating-point values from ``op``),
+    plus the ``fixed``, ``young_daly`` and ``oracle`` rows per size with ``recall`` NaN;
+    columns as :func:`compare` plus ``recall``.
+    """
+    params, op = params or JobParams(), op or OperatingPoint()
+    rows: list[dict[str, Any]] = []
+    for g in gpus:
+        trace = trace_for_gpus(g)
+        fixed = run_strategies(trace, params, op, strategies=("fixed", "young_daly", "oracle"), seed=seed)
+        rows += [dict(row, recall=math.nan) for row in _rows(fixed, fixed["fixed"])]
+        for recall in recalls:
+            point = replace(op, recall=float(recall), recall_by_cause={})
+            result = run_strategies(trace, params, point, strategies=("foreshock",), seed=seed)
+            rows += [dict(row, recall=float(recall)) for row in _rows(result, fixed["fixed"])]
+    return pd.DataFrame(rows)
