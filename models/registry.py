@@ -125,7 +125,7 @@ def log_and_register(
     ``score_on_test(model)`` scores a model on this run's test split (higher is better; the
     trainer passes test PR-AUC). The current champion is scored by the same function when its
     feature-set hash matches; otherwise it cannot read these rows and its recorded
-    ``model.test.pr_auc`` stands in. No champion yet: the new model takes the alias.
+    test PR-AUC (``metrics["model"]["pr_auc"]``) stands in. No champion yet: the new model takes the alias.
     """
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(tracking_uri)
@@ -153,7 +153,7 @@ def log_and_register(
         if current.feature_set_hash == model.feature_set_hash:
             champion_score = float(score_on_test(current))
         else:
-            champion_score = float(current.metrics.get("model", {}).get("test", {}).get("pr_auc", 0.0))
+            champion_score = float(current.metrics.get("model", {}).get("pr_auc") or 0.0)
     promoted = previous is None or challenger > champion_score
     if promoted:
         client.set_registered_model_alias(MODEL_NAME, CHAMPION_ALIAS, str(mv.version))

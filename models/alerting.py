@@ -1,0 +1,151 @@
+"""Alert episodes, false alarms, per-failure recall and lead time, and the budget threshold.
+
+Definitions (used for every predictor alike, so the numbers compare):
+
+- A row *alerts* when its score is at or above the threshold.
+- An **alert episode** is a maximal run of alerting rows of one node that are consecutive in
+  that node's scored rows and no more than 1.5 cadences apart (a gap, or a period the node was
+  down, ends an episode).
+- An episode is a **true alert** when at least one of its rows is labelled 1, i.e. the node
+  failed within H after that row; otherwise it is a **false alarm**. ``precision_at_budget`` is
+  true episodes / all episodes.
+- **False alarms per 1,000 node-days** divides by the scored node-time: rows x cadence.
+- A **failure** is evaluated when at least one scored row lies in ``[f - H, f)`` (its positive
+  rows). It is **caught** when one of those rows alerts, and its **lead time** is ``f`` minus the
+  first such alerting row's ``ts`` (so 0 < lead <= H). ``recall_at_budget`` is caught / evaluated.
+- The **budget threshold** is the lowest threshold whose false-alarm rate on the given rows
+  (validation, when training) stays within the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["EvalRows", "DAY_MS"]
+
+DAY_MS = 86_400_000
+
+
+@dataclass
+class EvalRows:
+    """Labelled rows sorted by (node, ts), prepared once for many thresholds and predictors.
+
+    ``frame`` is the sorted labelled frame; scores passed to the methods must follow its order.
+    """
+
+    frame: pd.DataFrame
+    cadence_ms: int
+
+    def __post_init__(self) -> None:
+        self.frame = self.frame.sort_values(["node", "ts"], kind="stable").reset_index(drop=True)
+        f = self.frame
+        self._node = pd.factorize(f["node"])[0]
+        self._ts = f["ts"].to_numpy(dtype=np.int64)
+        self.label = f["label"].to_numpy(dtype=np.int8)
+        contiguous = np.ones(len(f), dtype=bool)
+        contiguous[0:1] = False
+        contiguous[1:] = (self._node[1:] == self._node[:-1]) & (np.diff(self._ts) <= 1.5 * self.cadence_ms)
+        self._contiguous = contiguous
+        pos = f.loc[self.label == 1, ["node", "failure_ts", "cause", "detectable"]]
+        self.failures = pos.drop_duplicates(["node", "failure_ts"]).reset_index(drop=True)
+        key = pd.MultiIndex.from_frame(self.failures[["node", "failure_ts"]])
+        self._failure_of_pos = key.get_indexer(pd.MultiIndex.from_frame(pos[["node", "failure_ts"]]))
+        self._pos_rows = np.flatnonzero(self.label == 1)
+
+    @property
+    def node_days(self) -> float:
+        """Scored node-time in days."""
+        return len(self.frame) * self.cadence_ms / DAY_MS
+
+    def episodes(self, alert: np.ndarray) -> tuple[int, int]:
+        """(episodes, false alarms) for a boolean alert vector."""
+        idx = np.flatnonzero(alert)
+        if idx.size == 0:
+            return 0, 0
+        start = np.ones(idx.size, dtype=bool)
+        start[1:] = (np.diff(idx) != 1) | ~self._contiguous[idx[1:]]
+        starts = np.flatnonzero(start)
+        true = np.maximum.reduceat(self.label[idx], starts)
+        return int(starts.size), int(np.count_nonzero(true == 0))
+
+    def false_alarm_rate(self, alert: np.ndarray) -> float:
+        """False alarms per 1,000 node-days."""
+        days = self.node_days
+        return self.episodes(alert)[1] / days * 1000.0 if days else 0.0
+
+    def threshold_for_budget(self, score: np.ndarray, budget_per_1000_node_days: float) -> float:
+        """Lowest threshold (among ~400 rank-spaced candidates) whose false-alarm rate is within
+        budget; above every score (no alerts) when even the top score breaks it."""
+        desc = np.unique(score)[::-1]
+        if desc.size == 0:
+            return 1.0
+        ranks = np.unique(np.geomspace(1, desc.size, num=min(400, desc.size)).astype(int)) - 1
+        chosen = float(np.nextafter(desc[0], np.inf))
+        over = 0
+        for r in ranks:
+            thr = float(desc[r])
+            if self.false_alarm_rate(score >= thr) <= budget_per_1000_node_days:
+                chosen, over = thr, 0
+            else:
+                over += 1
+                if over >= 25:  # the rate only grows from here on, bar small wobbles
+                    break
+        return chosen
+
+    def at_threshold(self, score: np.ndarray, threshold: float) -> dict:
+        """Operating-point metrics (see the module docstring) for one threshold."""
+        alert = score >= threshold
+        n_ep, n_false = self.episodes(alert)
+        pos_alert = alert[self._pos_rows]
+        nf = len(self.failures)
+        caught = np.zeros(nf, dtype=bool)
+        first_alert = np.full(nf, np.iinfo(np.int64).max, dtype=np.int64)
+        hit = self._failure_of_pos[pos_alert]
+        caught[hit] = True
+        np.minimum.at(first_alert, hit, self._ts[self._pos_rows][pos_alert])
+        fts = self.failures["failure_ts"].to_numpy(dtype=np.int64)
+        lead = (fts[caught] - first_alert[caught]) / 60_000.0
+        n_alert_rows = int(alert.sum())
+        tp_rows = int((alert & (self.label == 1)).sum())
+        return {
+            "threshold": float(threshold),
+            "failures": nf,
+            "caught": int(caught.sum()),
+            "recall_at_budget": float(caught.mean()) if nf else None,
+            "precision_at_budget": (n_ep - n_false) / n_ep if n_ep else None,
+            "alert_episodes": n_ep,
+            "false_alarms": n_false,
+            "false_alarms_per_1000_node_days": n_false / self.node_days * 1000.0 if self.node_days else 0.0,
+            "row_recall_at_budget": tp_rows / int(self.label.sum()) if self.label.any() else None,
+            "row_precision_at_budget": tp_rows / n_alert_rows if n_alert_rows else None,
+            "median_lead_minutes": float(np.median(lead)) if lead.size else None,
+            "lead_minutes": sorted(float(x) for x in lead),
+            "recall_by_cause": self._recall_by(
+                caught, self.failures["cause"].astype("object").fillna("unknown")
+            ),
+            "recall_by_detectability": self._recall_by(
+                caught,
+                self.failures["detectable"]
+                .map({True: "detectable", False: "undetectable"})
+                .fillna("unknown"),
+            ),
+            "median_lead_minutes_detectable": _median_where(
+                lead, self.failures["detectable"].to_numpy()[caught]
+            ),
+        }
+
+    @staticmethod
+    def _recall_by(caught: np.ndarray, groups: pd.Series) -> dict[str, dict[str, float | int]]:
+        out: dict[str, dict[str, float | int]] = {}
+        for name, idx in groups.groupby(groups.to_numpy()).groups.items():
+            c = caught[np.asarray(groups.index.get_indexer(idx))]
+            out[str(name)] = {"failures": int(c.size), "caught": int(c.sum()), "recall": float(c.mean())}
+        return out
+
+
+def _median_where(lead: np.ndarray, detectable: np.ndarray) -> float | None:
+    mask = pd.Series(detectable, dtype="object").eq(True).to_numpy()
+    return float(np.median(lead[mask])) if mask.any() else None

@@ -1,0 +1,113 @@
+"""The metrics table (markdown for ``report.md`` and the README, rich for the console)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TABLE_COLUMNS", "metrics_table", "write_report", "print_table"]
+
+PREDICTORS = ("model", "rules", "logistic")
+TABLE_COLUMNS = (
+    ("pr_auc", "PR-AUC"),
+    ("roc_auc", "ROC-AUC"),
+    ("recall_at_budget", "recall@budget (failures)"),
+    ("precision_at_budget", "precision@budget (episodes)"),
+    ("false_alarms_per_1000_node_days", "false alarms /1000 node-days"),
+    ("median_lead_minutes", "median lead (min)"),
+    ("detectable_recall", "recall, detectable"),
+    ("undetectable_recall", "recall, undetectable"),
+)
+
+
+def _cell(key: str, m: dict[str, Any]) -> str:
+    if key.endswith("detectable_recall"):
+        group = m.get("recall_by_detectability", {}).get(key.removesuffix("_recall"))
+        return f"{group['recall']:.2f} ({group['caught']}/{group['failures']})" if group else "-"
+    value = m.get(key)
+    if value is None:
+        return "-"
+    if key == "recall_at_budget":
+        return f"{value:.2f} ({m['caught']}/{m['failures']})"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _parts(metrics: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """part name -> predictor -> metrics; the top level is the main part (test or evaluation)."""
+    main = "test" if metrics.get("_info", {}).get("kind") == "train" else "evaluation"
+    parts = {main: {p: metrics[p] for p in PREDICTORS}}
+    for part in metrics["model"].get("by_split", {}):
+        parts[part] = {p: metrics[p]["by_split"][part] for p in PREDICTORS}
+    return parts
+
+
+def metrics_table(metrics: dict[str, Any]) -> str:
+    """One markdown table: a row per (part, predictor)."""
+    lines = [
+        "| part | predictor | " + " | ".join(h for _, h in TABLE_COLUMNS) + " |",
+        "|---|---|" + "---|" * len(TABLE_COLUMNS),
+    ]
+    for part, by_pred in _parts(metrics).items():
+        for name, m in by_pred.items():
+            lines.append(f"| {part} | {name} | " + " | ".join(_cell(k, m) for k, _ in TABLE_COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def print_table(metrics: dict[str, Any]) -> None:
+    """The same table on the console."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="model vs baselines")
+    for header in ("part", "predictor", *(h for _, h in TABLE_COLUMNS)):
+        table.add_column(header)
+    for part, by_pred in _parts(metrics).items():
+        for name, m in by_pred.items():
+            table.add_row(part, name, *(_cell(k, m) for k, _ in TABLE_COLUMNS))
+    Console(width=200).print(table)
+
+
+def _cause_table(metrics: dict[str, Any]) -> str:
+    causes = sorted(set().union(*(metrics[p].get("recall_by_cause", {}) for p in PREDICTORS)))
+    lines = ["| cause | failures | " + " | ".join(PREDICTORS) + " |", "|---|---|" + "---|" * len(PREDICTORS)]
+    for cause in causes:
+        row = [metrics[p].get("recall_by_cause", {}).get(cause) for p in PREDICTORS]
+        n = next((r["failures"] for r in row if r), 0)
+        lines.append(
+            f"| {cause} | {n} | " + " | ".join(f"{r['recall']:.2f}" if r else "-" for r in row) + " |"
+        )
+    return "\n".join(lines)
+
+
+def write_report(
+    out_dir: Path, metrics: dict[str, Any], plots: list[Path], title: str, plotted_part: str
+) -> Path:
+    """``report.md``: setup, the table, recall per cause, thresholds and the plots."""
+    info = metrics.get("_info", {})
+    thresholds = ", ".join(f"{p} {metrics[p]['threshold']:.4g}" for p in PREDICTORS)
+    text = [
+        f"# {title}",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in info.items() if k != "split"),
+        "",
+        "## Model vs baselines",
+        "",
+        "Thresholds were chosen on validation for the false-alarm budget "
+        f"(score thresholds: {thresholds}). Recall is per failure; precision per alert episode.",
+        "",
+        metrics_table(metrics),
+        "",
+        f"## Recall per failure cause ({plotted_part})",
+        "",
+        _cause_table(metrics),
+        "",
+        f"## Plots ({plotted_part})",
+        "",
+        *(f"![{p.stem}]({p.name})" for p in plots),
+        "",
+    ]
+    path = Path(out_dir) / "report.md"
+    path.write_text("\n".join(text))
+    return path

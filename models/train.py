@@ -1,0 +1,278 @@
+"""Training: LightGBM with early stopping, calibration, a budget threshold and the baselines.
+
+Recipe (each step on the time split of :mod:`models.splits`, nothing shuffled):
+
+1. LightGBM binary classifier on train rows, early-stopped on validation average precision.
+   Class imbalance: ``scale_pos_weight = sqrt(negatives / positives)``, and when train has more
+   than ``max_train_rows`` rows, negatives are subsampled (seeded; every positive kept). Both only
+   shift the raw score, which step 2 maps back to a probability.
+2. Platt calibration of the raw margin on validation rows (a monotone map: ranking unchanged).
+3. The alert threshold: the lowest one whose false alarms on validation stay within the budget
+   (default 1 per 1,000 node-days; :mod:`models.alerting`). The same procedure sets the
+   baselines' thresholds, so every predictor spends the same budget.
+4. Metrics of model and baselines on validation, test, and test restricted to held-out nodes.
+
+With a Dask scheduler address, step 1 runs through ``lightgbm.dask`` on that cluster: a fixed
+number of rounds, then the best iteration is chosen on validation (early stopping after the fact,
+since ``lightgbm.dask`` cannot stop early); the rest is identical.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import lightgbm as lgb
+import numpy as np
+import pandas as pd
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import average_precision_score
+
+from models.alerting import EvalRows
+from models.artifact import RiskModel
+from models.baselines import LogisticBaseline, rule_scores
+from models.evaluate import PREDICTORS, predictor_metrics, write_outputs
+from models.frame import LabelledData, build_labelled
+from models.splits import make_split
+
+__all__ = ["DEFAULT_PARAMS", "train_from_dataset", "train_on", "fit_booster", "platt_calibration"]
+
+DEFAULT_PARAMS: dict[str, Any] = {
+    "objective": "binary",
+    "learning_rate": 0.05,
+    "num_leaves": 31,
+    "min_child_samples": 50,
+    "subsample": 0.8,
+    "subsample_freq": 1,
+    "colsample_bytree": 0.9,
+    "reg_lambda": 1.0,
+    "n_jobs": 2,
+    "verbose": -1,
+}
+MAX_ROUNDS = 1000
+EARLY_STOPPING_ROUNDS = 50
+DASK_ROUNDS = 300
+
+
+def _trim(booster: lgb.Booster, iterations: int) -> lgb.Booster:
+    return lgb.Booster(model_str=booster.model_to_string(num_iteration=iterations))
+
+
+def fit_booster(
+    x_train: pd.DataFrame,
+    y_train: np.ndarray,
+    x_val: pd.DataFrame,
+    y_val: np.ndarray,
+    params: dict[str, Any],
+    dask_address: str | None = None,
+) -> lgb.Booster:
+    """Fit and early-stop on validation average precision; returns a booster holding only the
+    best iterations."""
+    if dask_address is None:
+        booster = lgb.train(
+            {**params, "metric": "average_precision"},
+            lgb.Dataset(x_train, y_train, free_raw_data=False),
+            num_boost_round=MAX_ROUNDS,
+            valid_sets=[lgb.Dataset(x_val, y_val)],
+            callbacks=[lgb.early_stopping(EARLY_STOPPING_ROUNDS, verbose=False)],
+        )
+        return _trim(booster, booster.best_iteration or booster.current_iteration())
+    import dask.dataframe as dd
+    from distributed import Client
+    from lightgbm.dask import DaskLGBMClassifier
+
+    with Client(dask_address) as client:
+        workers = max(1, len(client.scheduler_info()["workers"]))
+        train = dd.from_pandas(x_train.assign(_label=y_train), npartitions=workers)
+        clf = DaskLGBMClassifier(client=client, n_estimators=DASK_ROUNDS, **params)
+        clf.fit(train[list(x_train.columns)], train["_label"])
+        booster = clf.booster_
+    steps = range(10, booster.current_iteration() + 1, 10)
+    best = max(steps, key=lambda k: average_precision_score(y_val, booster.predict(x_val, num_iteration=k)))
+    return _trim(booster, best)
+
+
+def platt_calibration(margin: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """``(a, b)`` with ``P = sigmoid(a * margin + b)`` fitted on validation; ``a`` kept positive so
+    the map stays monotone even for a model with no skill."""
+    lr = LogisticRegression(C=1e6, max_iter=1000).fit(margin.reshape(-1, 1), y)
+    return max(float(lr.coef_[0, 0]), 1e-6), float(lr.intercept_[0])
+
+
+def _subsample(frame: pd.DataFrame, max_rows: int, seed: int) -> pd.DataFrame:
+    if len(frame) <= max_rows:
+        return frame
+    pos = frame[frame["label"] == 1]
+    neg = frame[frame["label"] == 0]
+    keep = neg.sample(max(max_rows - len(pos), 1), random_state=seed)
+    return pd.concat([pos, keep]).sort_values(["node", "ts"], kind="stable")
+
+
+def train_on(
+    data: LabelledData,
+    *,
+    budget_per_1000_node_days: float = 1.0,
+    params: dict[str, Any] | None = None,
+    dask_address: str | None = None,
+    max_train_rows: int = 2_000_000,
+    seed: int = 0,
+    holdout_fraction: float = 0.15,
+) -> tuple[RiskModel, dict[str, Any], dict[str, tuple[EvalRows, dict]]]:
+    """Train the model and baselines on a labelled frame. Returns the model, the metrics
+    (``metrics.json`` content) and, per evaluated part, its rows and every predictor's scores."""
+    frame, names = data.frame, data.feature_names
+    split = make_split(frame, data.horizon_ms, holdout_fraction=holdout_fraction)
+    masks = split.masks(frame)
+    parts = {name: frame.loc[mask] for name, mask in masks.items()}
+    for name in ("train", "val"):
+        if parts[name]["label"].sum() == 0:
+            raise ValueError(f"the {name} period holds no failure: use more nodes or days, or a higher rate")
+    train = _subsample(parts["train"], max_train_rows, seed)
+    pos = int(train["label"].sum())
+    params = {
+        **DEFAULT_PARAMS,
+        "random_state": seed,
+        **(params or {}),
+        "scale_pos_weight": math.sqrt((len(train) - pos) / pos),
+    }
+    booster = fit_booster(
+        train[names],
+        train["label"].to_numpy(),
+        parts["val"][names],
+        parts["val"]["label"].to_numpy(),
+        params,
+        dask_address,
+    )
+
+    val_rows = EvalRows(parts["val"], data.cadence_ms)
+    model = RiskModel(
+        booster,
+        feature_names=names,
+        feature_set_hash=data.feature_set_hash,
+        threshold=1.0,
+        horizon_minutes=data.horizon_ms // 60_000,
+    )
+    model.calibration = platt_calibration(model.margin(val_rows.frame), val_rows.label)
+    logistic = LogisticBaseline(names, seed=seed).fit(train, train["label"].to_numpy())
+    scorers = {"model": model.predict_proba, "rules": rule_scores, "logistic": logistic.score}
+    thresholds = {
+        p: val_rows.threshold_for_budget(scorers[p](val_rows.frame), budget_per_1000_node_days)
+        for p in PREDICTORS
+    }
+    model.threshold = thresholds["model"]
+    model.baselines = {
+        "rules": {"threshold": thresholds["rules"]},
+        "logistic": {**logistic.to_json(), "threshold": thresholds["logistic"]},
+    }
+
+    evaluated: dict[str, tuple[EvalRows, dict]] = {}
+    for part in ("test", "val", "test_unseen_nodes"):
+        rows = val_rows if part == "val" else EvalRows(parts[part], data.cadence_ms)
+        evaluated[part] = (rows, {p: scorers[p](rows.frame) for p in PREDICTORS})
+    metrics: dict[str, Any] = {}
+    for p in PREDICTORS:
+        per_part = {
+            part: predictor_metrics(rows, scores[p], thresholds[p])
+            for part, (rows, scores) in evaluated.items()
+            if len(rows.frame)
+        }
+        metrics[p] = {**per_part["test"], "by_split": {k: v for k, v in per_part.items() if k != "test"}}
+    metrics["_info"] = {
+        "kind": "train",
+        "feature_set_hash": data.feature_set_hash,
+        "features": len(names),
+        "horizon_minutes": data.horizon_ms // 60_000,
+        "cadence_ms": data.cadence_ms,
+        "budget_false_alarms_per_1000_node_days": budget_per_1000_node_days,
+        "dataset": {k: data.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")},
+        "dataset_fingerprint": data.fingerprint,
+        "rows": {k: int(v.sum()) for k, v in masks.items()},
+        "train_rows_used": len(train),
+        "best_iteration": booster.current_iteration(),
+        "distributed": dask_address is not None,
+        "split": split.describe(),
+    }
+    model.metrics = {
+        p: {k: v for k, v in metrics[p].items() if k not in ("lead_minutes", "by_split")} for p in PREDICTORS
+    }
+    return model, metrics, evaluated
+
+
+def train_from_dataset(
+    data_dir: str | Path,
+    out_dir: str | Path,
+    horizon_minutes: int = 60,
+    tracking_uri: str | None = None,
+    dask_address: str | None = None,
+    *,
+    register: bool = True,
+    cadence_ms: int = 60_000,
+    budget_per_1000_node_days: float = 1.0,
+    feature_set: Any = None,
+    features: pd.DataFrame | None = None,
+    seed: int = 0,
+    params: dict[str, Any] | None = None,
+) -> RiskModel:
+    """Train on a dataset folder; write ``out_dir/model/``, ``metrics.json``, ``report.md`` and
+    plots; log the run to MLflow and register the model (unless ``register=False``).
+
+    ``tracking_uri`` defaults to the embedded store ``sqlite:///<data_dir>/mlflow.db``. The returned
+    model's ``version`` is its registry version when registered.
+    """
+    out_dir = Path(out_dir)
+    data = build_labelled(
+        data_dir, horizon_minutes * 60_000, cadence_ms, feature_set=feature_set, features=features
+    )
+    model, metrics, evaluated = train_on(
+        data,
+        budget_per_1000_node_days=budget_per_1000_node_days,
+        params=params,
+        dask_address=dask_address,
+        seed=seed,
+    )
+    model.save(out_dir / "model")
+    written = write_outputs(out_dir, metrics, evaluated, model, title="Risk model training")
+    if register:
+        from models.registry import log_and_register, sqlite_uri
+
+        test_rows = evaluated["test"][0]
+        registration = log_and_register(
+            model,
+            tracking_uri=tracking_uri or sqlite_uri(data_dir),
+            params={
+                "horizon_minutes": horizon_minutes,
+                "cadence_ms": cadence_ms,
+                "seed": seed,
+                "budget_false_alarms_per_1000_node_days": budget_per_1000_node_days,
+                "best_iteration": metrics["_info"]["best_iteration"],
+                "distributed": dask_address is not None,
+                **{f"lgb_{k}": v for k, v in {**DEFAULT_PARAMS, **(params or {})}.items()},
+            },
+            metrics=_flat_metrics(metrics),
+            dataset_fingerprint=data.fingerprint,
+            artifacts=written,
+            score_on_test=lambda m: float(
+                average_precision_score(test_rows.label, m.predict_proba(test_rows.frame))
+            ),
+        )
+        model.version = registration.version
+        metrics["_info"]["registry"] = {
+            "version": registration.version,
+            "promoted": registration.promoted,
+            "previous_champion": registration.previous_champion,
+        }
+        model.save(out_dir / "model")
+        write_outputs(out_dir, metrics, evaluated, model, title="Risk model training")
+    return model
+
+
+def _flat_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """``<predictor>.<part>.<metric>`` for every numeric scalar (MLflow metric names)."""
+    out: dict[str, float] = {}
+    for p in PREDICTORS:
+        for part, m in {"test": metrics[p], **metrics[p]["by_split"]}.items():
+            for key, value in m.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    out[f"{p}.{part}.{key}"] = float(value)
+    return out
