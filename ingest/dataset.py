@@ -150,8 +150,13 @@ def read_events(directory: str | Path) -> pd.DataFrame:
 
 
 def read_ground_truth(directory: str | Path) -> pd.DataFrame:
-    """One row per injected failure: node, ts, cause, detectable, precursor, precursor_start_ms, repair_ts."""
-    return _read_single(directory, "ground_truth.parquet", GROUND_TRUTH_SCHEMA)
+    """One row per injected failure: node, ts, cause, detectable, precursor, precursor_start_ms, repair_ts.
+
+    ``precursor_start_ms`` is a nullable ``Int64`` column: null when the failure gave no warning.
+    """
+    frame = _read_single(directory, "ground_truth.parquet", GROUND_TRUTH_SCHEMA)
+    frame["precursor_start_ms"] = frame["precursor_start_ms"].astype("Int64")
+    return frame
 
 
 class DatasetWriter:
@@ -182,7 +187,8 @@ class DatasetWriter:
             raise DatasetError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
         lead = _LEADING[table]
         if tuple(data.column_names[: len(lead)]) != lead:
-            raise DatasetError(f"{table} part must start with columns {lead}, got {data.column_names[:len(lead)]}")
+            got = tuple(data.column_names[: len(lead)])
+            raise DatasetError(f"{table} part must start with columns {lead}, got {got}")
         folder = self.directory / table
         folder.mkdir(exist_ok=True)
         path = folder / f"part-{self._parts[table]:05d}.parquet"

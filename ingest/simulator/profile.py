@@ -199,7 +199,8 @@ def parse_profile(data: dict[str, Any], name: str) -> Profile:
         raise ProfileError(f"{unknown[0]}: unknown key (known: description, cluster, failure, noise)")
     for key in ("cluster", "failure", "noise"):
         if key not in data:
-            raise ProfileError(f"{key}: missing required {'[[failure]] tables' if key == 'failure' else 'table'}")
+            what = "[[failure]] tables" if key == "failure" else "table"
+            raise ProfileError(f"{key}: missing required {what}")
     description = _check("description", data.get("description", ""), "str")
     c = _take(data["cluster"], "cluster", _CLUSTER)
     c["ib_ports_per_node"] = c["ib_ports_per_node"] or c["gpus_per_node"]
@@ -213,7 +214,8 @@ def parse_profile(data: dict[str, Any], name: str) -> Profile:
         if f["precursor"] not in PRECURSORS:
             raise ProfileError(f"{where}.precursor: {f['precursor']!r} is not one of {', '.join(PRECURSORS)}")
         if f["precursor"] == "none" and f["detectable"] > 0:
-            raise ProfileError(f"{where}.detectable: must be 0 when precursor is \"none\" (got {f['detectable']})")
+            raise ProfileError(f"{where}.detectable: must be 0 when precursor is \"none\" "
+                               f"(got {f['detectable']})")
         if f["scope"] not in ("gpu", "node"):
             raise ProfileError(f"{where}.scope: expected \"gpu\" or \"node\" (got {f['scope']!r})")
         if f["repair_median_hours"] is None:

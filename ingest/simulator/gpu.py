@@ -1,0 +1,293 @@
+"""GPU telemetry of one time chunk, all nodes x GPUs x steps at once.
+
+Healthy physics first: a training job keeps GPUs busy with a small diurnal swing; power follows
+load, temperature follows power plus a per-node and per-GPU offset (airflow, position in the
+chassis), sensors are quantised like the real ones (integer degrees, integer MHz). Clocks drop
+and violation counters grow when a GPU runs hot or hits its power cap. Rare corrected errors
+(ECC single-bit, PCIe replays, NVLink CRC) tick on healthy parts, and a few "noisy" GPUs have
+far more of them without ever failing.
+
+Foreshock episodes then add their signature, scaled by the episode's intensity at each step:
+``ecc``: single-bit error bursts, row remaps (Xid 63, pending remap), Xid 92 at heavy bursts;
+``thermal``: a temperature drift of several degrees that ends in throttling; ``nvlink``: CRC,
+replay and recovery growth; ``power``: excursions with power-brake slowdowns; ``pcie``: replays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+
+from ingest.simulator.counters import Increments, cumulative, poisson_scatter, stateful_gauge
+from ingest.simulator.profile import Profile
+from ingest.simulator.schedule import Episode, Failure
+
+__all__ = ["GpuBaseline", "GpuChunk", "GpuGenerator", "XID_MESSAGES", "pci_bus_ids"]
+
+_F32 = np.float32
+FB_TOTAL_MIB: Final = 81_559.0
+POWER_CAP_W: Final = 700.0
+IDLE_POWER_W: Final = 70.0
+MAX_SM_CLOCK: Final = 1980.0
+MEM_CLOCK: Final = 2619.0
+THROTTLE_SW_C: Final = 85.0
+THROTTLE_HW_C: Final = 90.0
+# clocks_event_reasons bits (NVML clocksEventReasons)
+SW_POWER_CAP: Final = 0x4
+HW_SLOWDOWN: Final = 0x8
+SW_THERMAL: Final = 0x20
+HW_THERMAL: Final = 0x40
+HW_POWER_BRAKE: Final = 0x80
+# background corrected-error rates, events per unit-hour (median of a lognormal across units)
+_SBE_PER_HOUR: Final = 0.002
+_NOISY_SBE_FACTOR: Final = 300.0
+_PCIE_PER_HOUR: Final = 0.01
+_NVLINK_PER_HOUR: Final = 0.02
+# foreshock rates per hour at intensity 1
+_ECC_SBE: Final = 900.0
+_ECC_CORR_REMAP: Final = 3.0
+_ECC_UNCORR_REMAP: Final = 0.6
+_XID92_BURST: Final = 60
+_NVLINK: Final = {"nvlink_crc_flit_error_count_total": 400.0, "nvlink_crc_data_error_count_total": 40.0,
+                  "nvlink_replay_error_count_total": 25.0, "nvlink_recovery_error_count_total": 0.8}
+_PCIE: Final = 150.0
+_POWER_SPIKES: Final = 25.0
+_THERMAL_DRIFT_C: Final = 9.0
+
+XID_MESSAGES: Final[dict[int, str]] = {
+    13: "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
+    31: "MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f3c_12340000. Fault is of type FAULT_PDE",
+    43: "Ch 00000008, intr 00000000. reset channel verif error",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer",
+    63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
+    64: "Row Remapper: Failed to remap a row",
+    74: "NVLink: fatal error detected on link 5",
+    79: "GPU has fallen off the bus.",
+    92: "High single-bit ECC error rate",
+    94: "Contained: SM (0x1). RST: No, D-RST: No",
+    95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
+    109: "Ctx switch timeout",
+    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
+    120: "GSP task timeout @ pc:0x4ce0c4f, partition:0",
+}
+
+_COUNTERS: Final = ("ecc_sbe", "ecc_dbe", "correctable_remapped_rows", "uncorrectable_remapped_rows",
+                    "pcie_replay_counter", *_NVLINK, "power_violation", "thermal_violation")
+
+
+def pci_bus_ids(gpus: int) -> tuple[str, ...]:
+    """PCI bus ids of a node's GPUs (the same on every node, as on an HGX board)."""
+    return tuple(f"00000000:{0x18 + 0x11 * i:02X}:00.0" for i in range(gpus))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuBaseline:
+    """Per-node and per-GPU constants drawn once per run (what makes nodes differ)."""
+
+    temp_offset: np.ndarray
+    mem_offset: np.ndarray
+    power_scale: np.ndarray
+    util_level: np.ndarray
+    phase_days: np.ndarray
+    fb_used: np.ndarray
+    sbe_rate_h: np.ndarray
+    pcie_rate_h: np.ndarray
+    nvlink_rate_h: np.ndarray
+
+    @classmethod
+    def draw(cls, profile: Profile, nodes: int, rng: np.random.Generator) -> GpuBaseline:
+        g = profile.cluster.gpus_per_node
+        shape = (nodes, g)
+        noisy = rng.random(shape) < profile.noise.noisy_gpu_fraction
+        return cls(
+            temp_offset=(rng.normal(0, 2.0, (nodes, 1)) + rng.normal(0, 1.5, shape)).astype(_F32),
+            mem_offset=rng.normal(7.0, 1.5, shape).astype(_F32),
+            power_scale=rng.normal(1.0, 0.03, shape).astype(_F32),
+            util_level=rng.uniform(88.0, 97.0, (nodes, 1)).astype(_F32),
+            phase_days=rng.normal(0.0, 0.02, (nodes, 1)),
+            fb_used=np.rint(rng.uniform(55_000, 76_000, (nodes, 1)) + rng.normal(0, 300, shape)),
+            sbe_rate_h=rng.lognormal(np.log(_SBE_PER_HOUR), 1.0, shape)
+            * np.where(noisy, _NOISY_SBE_FACTOR, 1.0),
+            pcie_rate_h=rng.lognormal(np.log(_PCIE_PER_HOUR), 1.0, shape),
+            nvlink_rate_h=rng.lognormal(np.log(_NVLINK_PER_HOUR), 1.0, shape),
+        )
+
+
+@dataclass(slots=True)
+class GpuChunk:
+    """Flat columns in (step, node, gpu) order plus the Xids that happened in the chunk."""
+
+    columns: dict[str, np.ndarray]
+    xid_ts: np.ndarray
+    xid_node: np.ndarray
+    xid_gpu: np.ndarray
+    xid_code: np.ndarray
+
+
+class GpuGenerator:
+    """Generates GPU chunks in time order, carrying counters and gauges from one to the next."""
+
+    def __init__(self, profile: Profile, nodes: int, interval_ms: int, baseline: GpuBaseline):
+        self.profile = profile
+        self.nodes = nodes
+        self.gpus = profile.cluster.gpus_per_node
+        self.interval_ms = interval_ms
+        self.hours = interval_ms / 3_600_000
+        self.base = baseline
+        shape = (nodes, self.gpus)
+        self._carry = {name: np.zeros(shape, dtype=np.int64) for name in ("vol_sbe", "vol_dbe", *_COUNTERS)}
+        self._energy = np.zeros(shape, dtype=np.float64)
+        self._remap_pending = np.zeros(shape, dtype=np.int64)
+        self._last_xid = np.zeros(shape, dtype=np.int64)
+        self._pending_sets: list[tuple[int, int, int | None, int]] = []
+
+    def generate(self, rng: np.random.Generator, ts: np.ndarray, up: np.ndarray | None,
+                 episodes: list[Episode], repairs: list[tuple[int, Failure]]) -> GpuChunk:
+        """One chunk. ``repairs`` are (step, failure) for nodes back up at that step after a failure."""
+        steps, n, g = ts.size, self.nodes, self.gpus
+        noise = self.profile.noise.sensor_noise
+        base = self.base
+        days = ts.astype(np.float64)[:, None] / 86_400_000.0 + base.phase_days[None, :, :].reshape(1, n)
+        diurnal = np.sin(2 * np.pi * (days - 0.625)).astype(_F32)[:, :, None]  # peak mid-afternoon UTC
+        amp = self.profile.noise.diurnal_amplitude
+        util = rng.standard_normal((steps, n, g), _F32) * (2 * noise)
+        util += base.util_level[None] * (1 + amp * diurnal)
+        np.clip(util, 0, 100, out=util)
+        power = IDLE_POWER_W + (POWER_CAP_W - IDLE_POWER_W) * 0.93 * (util / 100) * base.power_scale[None]
+        power += rng.standard_normal((steps, n, g), _F32) * (8 * noise)
+        temp = 28 + 2 * diurnal + base.temp_offset[None] + 0.05 * power
+        temp += rng.standard_normal((steps, n, g), _F32) * (0.6 * noise)
+        mem_temp = temp + base.mem_offset[None] + rng.standard_normal((steps, n, g), _F32) * (0.5 * noise)
+
+        inc = {name: Increments() for name in _COUNTERS}
+        xids: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        gauge_sets: list[tuple[int, int, int | None, int]] = []
+        brake: list[tuple[np.ndarray, int, int | None]] = []
+        poisson_scatter(rng, base.sbe_rate_h * self.hours, steps, inc["ecc_sbe"], burst_mean=3.0)
+        poisson_scatter(rng, base.pcie_rate_h * self.hours, steps, inc["pcie_replay_counter"])
+        poisson_scatter(rng, base.nvlink_rate_h * self.hours, steps, inc["nvlink_crc_flit_error_count_total"])
+        for ep in episodes:
+            x = ep.intensity(ts)
+            active = np.flatnonzero(x > 0)
+            if active.size == 0:
+                continue
+            units = range(g) if ep.gpu is None else (ep.gpu % g,)
+            if ep.kind == "thermal":
+                drift = (_THERMAL_DRIFT_C * x).astype(_F32)
+                where = slice(None) if ep.gpu is None else ep.gpu % g
+                temp[:, ep.node, where] += drift[:, None] if ep.gpu is None else drift
+                mem_temp[:, ep.node, where] += 1.2 * (drift[:, None] if ep.gpu is None else drift)
+                continue
+            for unit in units:
+                self._episode_counters(rng, ep, unit, x, active, inc, xids, gauge_sets, brake, ts, power)
+
+        sw_therm = temp > THROTTLE_SW_C
+        hw_therm = temp > THROTTLE_HW_C
+        capped = power > POWER_CAP_W
+        np.minimum(power, POWER_CAP_W + 150, out=power)
+        reasons = (sw_therm * SW_THERMAL + hw_therm * HW_THERMAL + capped * SW_POWER_CAP).astype(np.int64)
+        for step, node, unit in brake:
+            where = slice(None) if unit is None else unit
+            reasons[step, node, where] |= HW_POWER_BRAKE | HW_SLOWDOWN
+        sm_clock = MAX_SM_CLOCK - 120 * capped - np.clip((temp - (THROTTLE_SW_C - 2)) * 45, 0, 900)
+        sm_clock[reasons & HW_POWER_BRAKE > 0] *= 0.5
+        us = self.interval_ms * 1000
+        self._violations(inc["thermal_violation"], np.flatnonzero(sw_therm), us)
+        power_limited = np.flatnonzero(reasons & (SW_POWER_CAP | HW_POWER_BRAKE))
+        self._violations(inc["power_violation"], power_limited, us)
+
+        # random application Xids on healthy GPUs
+        rate = self.profile.noise.benign_xid_per_gpu_day * n * g * steps * self.interval_ms / 86_400_000
+        benign = np.asarray(self.profile.noise.benign_xids, dtype=np.int64)
+        k = int(rng.poisson(rate)) if rate > 0 and benign.size else 0
+        if k:
+            s, nn, gg = rng.integers(0, steps, k), rng.integers(0, n, k), rng.integers(0, g, k)
+            codes = benign[rng.integers(0, benign.size, k)]
+            xids.append((s, nn, gg, codes))
+        xid_s, xid_n, xid_g, xid_c = (np.concatenate([np.asarray(x[i], dtype=np.int64) for x in xids])
+                                      if xids else np.zeros(0, np.int64) for i in range(4))
+        if up is not None and xid_s.size:
+            keep = up[xid_s, xid_n]
+            xid_s, xid_n, xid_g, xid_c = xid_s[keep], xid_n[keep], xid_g[keep], xid_c[keep]
+        gauge_sets += [(int(s), int(nn), int(gg), int(c))
+                       for s, nn, gg, c in zip(xid_s, xid_n, xid_g, xid_c, strict=True)]
+        xid_ts = ts[xid_s] - rng.integers(0, self.interval_ms, xid_s.size)
+
+        cols = self._counters(steps, inc, repairs, power, up, gauge_sets)
+        cols.update(
+            gpu_temp=np.rint(temp), memory_temp=np.rint(mem_temp),
+            power_usage=np.rint(power.astype(np.float64) * 100) / 100,
+            sm_clock=np.rint(sm_clock), gpu_util=np.rint(util), mem_copy_util=np.rint(util * 0.42),
+            clocks_event_reasons=reasons,
+        )
+        cols["mem_clock"] = np.full((steps, n, g), MEM_CLOCK)
+        cols["fb_used"] = np.broadcast_to(base.fb_used, (steps, n, g))
+        cols["fb_free"] = np.broadcast_to(FB_TOTAL_MIB - base.fb_used, (steps, n, g))
+        flat = {k: np.ascontiguousarray(v, dtype=np.int64 if v.dtype.kind in "iub" else np.float64)
+                .reshape(-1) for k, v in cols.items()}
+        return GpuChunk(flat, xid_ts.astype(np.int64), xid_n.astype(np.int64), xid_g.astype(np.int64),
+                        xid_c.astype(np.int64))
+
+    def _episode_counters(self, rng, ep, unit, x, active, inc, xids, gauge_sets, brake, ts, power) -> None:
+        """Counter-type signatures of one episode on one GPU."""
+        lam = x[active] * self.hours
+        if ep.kind == "ecc":
+            bursts = rng.poisson(lam * _ECC_SBE / 4)
+            sizes = bursts * rng.geometric(1 / (1 + 4 * x[active]))
+            inc["ecc_sbe"].add(active, ep.node, unit, sizes)
+            heavy = active[sizes >= _XID92_BURST]
+            heavy = heavy[rng.random(heavy.size) < 0.3]
+            xids.append((heavy, np.full(heavy.size, ep.node), np.full(heavy.size, unit),
+                         np.full(heavy.size, 92)))
+            inc["correctable_remapped_rows"].add(active, ep.node, unit, rng.poisson(lam * _ECC_CORR_REMAP))
+            remap = active[rng.poisson(lam * _ECC_UNCORR_REMAP) > 0]
+            inc["uncorrectable_remapped_rows"].add(remap, ep.node, unit, 1)
+            xids.append((remap, np.full(remap.size, ep.node), np.full(remap.size, unit),
+                         np.full(remap.size, 63)))
+            if remap.size:
+                self._pending_sets.append((int(remap[0]), ep.node, unit, 1))
+        elif ep.kind == "nvlink":
+            for name, per_hour in _NVLINK.items():
+                inc[name].add(active, ep.node, unit, rng.poisson(lam * per_hour))
+        elif ep.kind == "pcie":
+            inc["pcie_replay_counter"].add(active, ep.node, unit, rng.poisson(lam * _PCIE))
+        elif ep.kind == "power":
+            spikes = active[rng.random(active.size) < lam * _POWER_SPIKES]
+            power[spikes, ep.node, unit] += rng.uniform(120, 260, spikes.size).astype(_F32)
+            brake.extend((int(s), ep.node, unit) for s in spikes)
+
+    def _violations(self, inc: Increments, flat_rows: np.ndarray, us: int) -> None:
+        n, g = self.nodes, self.gpus
+        inc.add(flat_rows // (n * g), (flat_rows // g) % n, flat_rows % g, us)
+
+    def _counters(self, steps, inc, repairs, power, up, xid_sets) -> dict[str, np.ndarray]:
+        """Cumulative counters and stateful gauges, with the resets a repair brings."""
+        c = self._carry
+        resets = [(s, f.node) for s, f in repairs]
+        for s, f in repairs:  # a memory failure shows after the repair, in the lifetime counters
+            if f.precursor == "ecc":
+                inc["ecc_dbe"].add(np.array([s]), f.node, f.gpu or 0, 1)
+        out = {}
+        sbe_inc, dbe_inc = inc["ecc_sbe"], inc["ecc_dbe"]
+        out["ecc_sbe_vol_total"] = cumulative(c["vol_sbe"], steps, sbe_inc, resets)
+        out["ecc_dbe_vol_total"] = cumulative(c["vol_dbe"], steps, dbe_inc, resets)
+        out["ecc_sbe_agg_total"] = cumulative(c["ecc_sbe"], steps, sbe_inc)
+        out["ecc_dbe_agg_total"] = cumulative(c["ecc_dbe"], steps, dbe_inc)
+        for name in _COUNTERS[2:]:  # remapped rows are lifetime (InfoROM); the others restart
+            out[name] = cumulative(c[name], steps, inc[name], [] if "remapped" in name else resets)
+        energy = power.astype(np.float64) * (self.interval_ms)  # mJ per step
+        if up is not None:
+            energy *= up[:, :, None]
+        np.cumsum(energy, axis=0, out=energy)
+        energy += self._energy[None]
+        self._energy[:] = energy[-1]
+        out["total_energy_consumption"] = energy.astype(np.int64)
+        pending = self._pending_sets + [(s, f.node, None, 0) for s, f in repairs]
+        self._pending_sets = []
+        out["row_remap_pending"] = stateful_gauge(self._remap_pending, steps, pending)
+        out["row_remap_failure"] = np.zeros((steps, self.nodes, self.gpus), dtype=np.int64)
+        out["xid_errors"] = stateful_gauge(self._last_xid, steps, xid_sets + [(s, f.node, None, 0)
+                                                                              for s, f in repairs])
+        return out

@@ -1,0 +1,104 @@
+"""Where simulated telemetry goes: a dataset folder (batch) or a bus (stream).
+
+Both take the same chunks, so a dataset and a stream of the same run hold the same records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ingest.bus import Bus
+from ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent
+from ingest.dataset import DatasetWriter
+from ingest.simulator.engine import Chunk, Simulator
+from ingest.stream import publish
+
+__all__ = ["write_dataset", "stream", "node_events"]
+
+
+def write_dataset(sim: Simulator, directory: str | Path, *, overwrite: bool = False,
+                  on_chunk: Callable[[Chunk], None] | None = None) -> Path:
+    """Write the whole run as a dataset folder, one part per chunk; the manifest goes last.
+
+    ``on_chunk`` is called after each chunk is written (progress bars).
+    """
+    writer = DatasetWriter(directory, overwrite=overwrite)
+    for chunk in sim.chunks():
+        writer.write_part("gpu", chunk.gpu)
+        writer.write_part("xid", chunk.xid)
+        writer.write_part("link", chunk.link)
+        if on_chunk is not None:
+            on_chunk(chunk)
+    writer.write_events(sim.events_table())
+    writer.write_ground_truth(sim.ground_truth_table())
+    writer.write_manifest(sim.manifest())
+    return Path(directory)
+
+
+def node_events(sim: Simulator) -> list[NodeEvent]:
+    """The run's lifecycle events (ground truth) as contract records, in time order."""
+    return [NodeEvent(**{k: v for k, v in row.items() if v is not None})
+            for row in sim.events_table().to_pylist()]
+
+
+def _rows_by_ts(table: pa.Table) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """(ts, rows at that ts) in time order, from a table sorted by ts."""
+    if table.num_rows == 0:
+        return
+    ts = table.column("ts").to_numpy()
+    bounds = np.flatnonzero(np.diff(ts)) + 1
+    starts = np.concatenate([[0], bounds])
+    ends = np.concatenate([bounds, [ts.size]])
+    for a, b in zip(starts, ends, strict=True):
+        yield int(ts[a]), table.slice(a, b - a).to_pylist()
+
+
+def _records(cls: type, rows: list[dict[str, Any]]) -> list[Any]:
+    return [cls(**{k: v for k, v in row.items() if v is not None}) for row in rows]
+
+
+def stream(sim: Simulator, bus: Bus, *, speed: float | None = None,
+           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+           on_step: Callable[[int], None] | None = None) -> int:
+    """Publish the run onto ``bus`` instant by instant; returns the number of messages sent.
+
+    Each sampling instant sends one message per node per topic (all of a node's GPUs or ports
+    together), Xids and node lifecycle events (the ground truth, on ``node.events``) at the
+    instant they belong to. ``speed`` is simulated seconds per real second (60: a minute per
+    second); ``None`` sends as fast as the bus takes it. ``clock``/``sleep`` are injectable.
+    """
+    events = node_events(sim)
+    next_event = 0
+    sent = 0
+    t0 = clock()
+    for chunk in sim.chunks():
+        xids = _records(XidEvent, chunk.xid.to_pylist())
+        next_xid = 0
+        links = dict(_rows_by_ts(chunk.link))
+        for ts, gpu_rows in _rows_by_ts(chunk.gpu):
+            if speed is not None:
+                wait = t0 + (ts - sim.start_ms) / 1000 / speed - clock()
+                if wait > 0:
+                    sleep(wait)
+            records: list[Any] = []
+            while next_event < len(events) and events[next_event].ts <= ts:
+                records.append(events[next_event])
+                next_event += 1
+            while next_xid < len(xids) and xids[next_xid].ts <= ts:
+                records.append(xids[next_xid])
+                next_xid += 1
+            records += _records(GpuSample, gpu_rows)
+            records += _records(LinkSample, links.get(ts, []))
+            sent += publish(bus, records)
+            if on_step is not None:
+                on_step(ts)
+        sent += publish(bus, xids[next_xid:])
+    sent += publish(bus, events[next_event:])
+    bus.flush()
+    return sent
