@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ingest.dataset import read_ground_truth, read_manifest
 from models.reliability import SECONDS_PER_DAY
 
 __all__ = [
@@ -37,7 +38,7 @@ INFINITEHBD_NODES = 400
 INFINITEHBD_GPUS_PER_NODE = 8
 INFINITEHBD_DAYS = 349.0
 DEFAULT_REPAIR_MEDIAN_HOURS = 24.0
-DEFAULT_REPAIR_SIGMA = 1.5  # log-normal spread of repair times when a profile gives only a median
+DEFAULT_REPAIR_SIGMA = 1.5  # log-normal spread of repair times when a profile gives none
 
 
 @dataclass(frozen=True)
@@ -122,14 +123,9 @@ def load_profile(path: str | Path) -> dict[str, Any]:
 
 
 def _repair_median_hours(entry: Mapping[str, Any], cluster: Mapping[str, Any]) -> float:
-    for source in (entry, cluster):
-        for key in ("repair_median_hours", "repair_hours_median", "repair_hours", "mean_repair_hours"):
-            if key in source:
-                return float(source[key])
-        for key in ("repair_median_minutes", "repair_minutes"):
-            if key in source:
-                return float(source[key]) / 60.0
-    return DEFAULT_REPAIR_MEDIAN_HOURS
+    """The failure entry's ``repair_median_hours``, else the cluster's, else 24 h."""
+    fallback = cluster.get("repair_median_hours", DEFAULT_REPAIR_MEDIAN_HOURS)
+    return float(entry.get("repair_median_hours", fallback))
 
 
 def from_profile(profile: Mapping[str, Any], *, gpus: int, days: float, seed: int = 0) -> FailureTrace:
@@ -137,8 +133,9 @@ def from_profile(profile: Mapping[str, Any], *, gpus: int, days: float, seed: in
 
     Uses ``[cluster] interruptions_per_gpu_day`` and ``gpus_per_node``; causes are drawn by the
     ``[[failure]]`` entries' ``share``; repair times are log-normal around the entry's (or the
-    cluster's) median repair time when the profile gives one (``repair_median_hours``), else
-    around 24 h. Assumes independent exponential inter-arrival times, as the closed forms do.
+    cluster's) median repair time when the profile gives one (``repair_median_hours``, spread
+    ``[cluster] repair_sigma``), else around 24 h. Assumes independent exponential inter-arrival
+    times, as the closed forms do.
     """
     cluster = profile.get("cluster", {})
     rate = float(cluster["interruptions_per_gpu_day"])
@@ -152,7 +149,8 @@ def from_profile(profile: Mapping[str, Any], *, gpus: int, days: float, seed: in
     fail_s = np.sort(rng.uniform(0.0, duration_s, count))
     pick = rng.choice(len(entries), size=count, p=shares / shares.sum())
     medians_h = np.array([_repair_median_hours(e, cluster) for e in entries])[pick]
-    repair_s = medians_h * 3600.0 * np.exp(DEFAULT_REPAIR_SIGMA * rng.standard_normal(count))
+    sigma = float(cluster.get("repair_sigma", DEFAULT_REPAIR_SIGMA))
+    repair_s = medians_h * 3600.0 * np.exp(sigma * rng.standard_normal(count))
     causes = np.array([str(e.get("cause", "unknown")) for e in entries], dtype=object)[pick]
     return _make(str(profile.get("name", "profile")), nodes, gpus_per_node, duration_s, fail_s, repair_s,
                  causes, rng.integers(0, nodes, count))
@@ -163,15 +161,13 @@ def from_ground_truth(directory: str | Path) -> FailureTrace:
 
     The job spans every node of the simulated cluster over the dataset's time range.
     """
-    directory = Path(directory)
-    manifest = json.loads((directory / "manifest.json").read_text())
-    truth = pd.read_parquet(directory / "ground_truth.parquet")
+    manifest, truth = read_manifest(directory), read_ground_truth(directory)
     start_ms = int(manifest["start_ms"])
     fail_ms = truth["ts"].to_numpy(dtype=np.int64)
     repair_s = np.maximum(0.0, (truth["repair_ts"].to_numpy(dtype=np.int64) - fail_ms) / 1000.0)
     fail_s = (fail_ms - start_ms) / 1000.0
     node = truth["node"].str.removeprefix("node").astype(int).to_numpy()
-    return _make(str(manifest.get("profile", directory.name)), int(manifest["nodes"]),
+    return _make(str(manifest["profile"]), int(manifest["nodes"]),
                  int(manifest["gpus_per_node"]), (int(manifest["end_ms"]) - start_ms) / 1000.0,
                  fail_s, repair_s, truth["cause"].astype(str).to_numpy(), node)
 
