@@ -34,6 +34,7 @@ __all__ = ["STRATEGIES", "JSON_KEYS", "OperatingPoint", "draw_warnings", "run_st
 
 STRATEGIES = ("fixed", "young_daly", "foreshock", "oracle")
 ORACLE_MARGIN_S = 60.0
+MIN_SAMPLE = 5  # evaluated failures (or lead times) below which a metrics breakdown is not trusted
 JSON_KEYS = (
     "gpus", "strategy", "ettr", "lost_gpu_hours_per_day", "interruptions_per_day", "lost_time_reduction",
 )
@@ -58,19 +59,30 @@ class OperatingPoint:
                      predictor: str = "model") -> OperatingPoint:
         """The operating point of ``predictor`` in a ``metrics.json`` written by ``foreshock evaluate``.
 
-        Uses ``recall_at_budget``, ``false_alarms_per_1000_node_days``, ``median_lead_minutes``
-        and, when present, ``recall_by_cause``.
+        Uses ``recall_at_budget`` and ``false_alarms_per_1000_node_days``; the observed
+        ``lead_minutes`` when there are at least ``MIN_SAMPLE`` of them, else
+        ``median_lead_minutes``; and ``recall_by_cause`` entries (``{"caught", "failures",
+        "recall"}`` or a bare number) for causes with at least ``MIN_SAMPLE`` evaluated failures
+        (fewer would swing recall between 0 and 1 on one failure).
         """
         if not isinstance(metrics, Mapping):
             metrics = json.loads(Path(metrics).read_text())
-        entry = metrics.get(predictor) or metrics.get("predictors", {}).get(predictor)
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"metrics have no object for predictor {predictor!r}")
-        by_cause = entry.get("recall_by_cause") or {}
+        entry = metrics.get(predictor)
+        if not isinstance(entry, Mapping) or entry.get("recall_at_budget") is None:
+            raise ValueError(f"metrics have no operating point for predictor {predictor!r}")
+        leads = [float(x) * 60.0 for x in entry.get("lead_minutes") or []]
+        by_cause: dict[str, float] = {}
+        for cause, value in (entry.get("recall_by_cause") or {}).items():
+            if isinstance(value, Mapping):
+                if value.get("recall") is not None and int(value.get("failures", 0)) >= MIN_SAMPLE:
+                    by_cause[str(cause)] = float(value["recall"])
+            elif value is not None:
+                by_cause[str(cause)] = float(value)
+        median = entry.get("median_lead_minutes")
         return cls(recall=float(entry["recall_at_budget"]),
-                   lead_time_s=float(entry["median_lead_minutes"]) * 60.0,
+                   lead_time_s=tuple(leads) if len(leads) >= MIN_SAMPLE else float(median or 0.0) * 60.0,
                    false_alarms_per_1000_node_days=float(entry["false_alarms_per_1000_node_days"]),
-                   recall_by_cause={str(k): float(v) for k, v in by_cause.items() if v is not None})
+                   recall_by_cause=by_cause)
 
     def recall_for(self, causes: np.ndarray) -> np.ndarray:
         return np.array([self.recall_by_cause.get(str(c), self.recall) for c in causes], dtype=float)

@@ -79,15 +79,22 @@ def test_resize_keeps_the_per_node_failure_rate():
 
 
 def test_operating_point_from_metrics_uses_the_model_object(tmp_path):
-    metrics = {name: {"pr_auc": 0.5, "roc_auc": 0.9, "recall_at_budget": r, "precision_at_budget": 0.4,
-                      "false_alarms_per_1000_node_days": 2.5, "median_lead_minutes": 42.0,
-                      "recall_by_cause": {"nic": 0.1}} for name, r in (("model", 0.7), ("rules", 0.3))}
+    def point(recall, leads):
+        return {"pr_auc": 0.5, "roc_auc": 0.9, "recall_at_budget": recall, "precision_at_budget": 0.4,
+                "false_alarms_per_1000_node_days": 2.5, "median_lead_minutes": 42.0, "lead_minutes": leads,
+                "recall_by_cause": {"nic": {"caught": 1, "failures": 10, "recall": 0.1},
+                                    "ssd": {"caught": 1, "failures": 1, "recall": 1.0}}}
+    metrics = {"_info": {}, "model": point(0.7, [40, 41, 42, 43, 44]), "rules": point(0.3, [42]),
+               "logistic": point(None, [])}
     path = tmp_path / "metrics.json"
     path.write_text(json.dumps(metrics))
     op = OperatingPoint.from_metrics(path)
-    assert (op.recall, op.lead_time_s, op.false_alarms_per_1000_node_days) == (0.7, 42 * 60.0, 2.5)
-    assert list(op.recall_for(np.array(["nic", "gpu"], dtype=object))) == [0.1, 0.7]
-    assert OperatingPoint.from_metrics(metrics, "rules").recall == 0.3
+    assert (op.recall, op.false_alarms_per_1000_node_days) == (0.7, 2.5)
+    assert op.lead_time_s == (2400.0, 2460.0, 2520.0, 2580.0, 2640.0)  # the observed leads
+    # A cause seen once does not override the overall recall; one seen ten times does.
+    assert list(op.recall_for(np.array(["nic", "ssd", "gpu"], dtype=object))) == [0.1, 0.7, 0.7]
+    rules = OperatingPoint.from_metrics(metrics, "rules")
+    assert (rules.recall, rules.lead_time_s) == (0.3, 42 * 60.0)  # too few leads: the median
     with pytest.raises(ValueError):
         OperatingPoint.from_metrics(metrics, "logistic")
 
