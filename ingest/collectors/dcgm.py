@@ -134,7 +134,7 @@ def parse_exposition(data: bytes | str, *, node: str | None, ts: int,
     """GpuSamples of one scrape and a line report. ``node=None`` takes the ``Hostname`` label."""
     text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
     report = ParseReport()
-    lines = text.split("\n")
+    lines = text.split("\n") if text else []
     if text.endswith("\n"):
         lines.pop()  # the empty tail after the final newline is not a line
     report.read = len(lines)
