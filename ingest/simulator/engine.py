@@ -127,40 +127,45 @@ class Simulator:
         episodes = self.schedule.episodes_between(lo - self.interval_ms, hi)
         gpu = gpu_gen.generate(rng, ts, None if all_up else up, episodes, repairs)
         link_cols = link_gen.generate(rng, ts, episodes, repairs)
-        gpu_table = self._gpu_table(ts, gpu.columns)
-        link_table = self._link_table(ts, link_cols)
-        if not all_up:
-            gpu_table = gpu_table.filter(pa.array(np.repeat(up.reshape(-1), self.gpus)))
-            link_table = link_table.filter(pa.array(np.repeat(up.reshape(-1), self.ports)))
+        keep = None if all_up else up.reshape(-1)
+        gpu_table = self._gpu_table(ts, gpu.columns, keep)
+        link_table = self._link_table(ts, link_cols, keep)
         xid_table = self._xid_table(gpu, self.schedule.failures_between(lo, hi))
         return Chunk(index, int(ts[0]), int(ts[-1]), gpu_table, xid_table, link_table)
 
     def _dictionary(self, index: np.ndarray, values: tuple[str, ...]) -> pa.DictionaryArray:
-        return pa.DictionaryArray.from_arrays(pa.array(index.astype(np.int32)), pa.array(values))
+        return pa.DictionaryArray.from_arrays(pa.array(index.astype(np.int32, copy=False)), pa.array(values))
 
-    def _gpu_table(self, ts: np.ndarray, cols: dict[str, np.ndarray]) -> pa.Table:
-        s, n, g = ts.size, self.nodes, self.gpus
-        node = np.broadcast_to(np.arange(n, dtype=np.int32)[None, :, None], (s, n, g)).reshape(-1)
-        arrays = [self._dictionary(node, self.node_names), pa.array(np.repeat(ts, n * g)),
-                  pa.array(np.tile(np.arange(g, dtype=np.int64), s * n))]
-        names = ["node", "ts", "gpu"]
+    def _keys(self, ts: np.ndarray, units: int, select: np.ndarray | None
+              ) -> tuple[pa.Array, pa.Array, np.ndarray]:
+        """node and ts columns of rows in (step, node, unit) order, plus each kept row's unit index."""
+        s, n = ts.size, self.nodes
+
+        def pick(a: np.ndarray) -> np.ndarray:
+            return a if select is None else a[select]
+
+        node = pick(np.broadcast_to(np.arange(n, dtype=np.int32)[None, :, None], (s, n, units)).reshape(-1))
+        return (self._dictionary(node, self.node_names), pa.array(pick(np.repeat(ts, n * units))),
+                pick(np.tile(np.arange(units, dtype=np.int32), s * n)))
+
+    def _gpu_table(self, ts: np.ndarray, cols: dict[str, np.ndarray], keep: np.ndarray | None) -> pa.Table:
+        select = None if keep is None else np.repeat(keep, self.gpus)
+        node, ts_col, gpu = self._keys(ts, self.gpus, select)
+        arrays = [node, ts_col, pa.array(gpu.astype(np.int64))]
         for field in GPU_FIELDS:
-            names.append(field)
             if field in _NOT_REPORTED:
-                arrays.append(pa.nulls(s * n * g, pa.float64()))
+                arrays.append(pa.nulls(gpu.size, pa.float64()))
             else:
-                arrays.append(pa.array(cols[field]))
-        return pa.Table.from_arrays(arrays, names=names)
+                arrays.append(pa.array(cols[field] if select is None else cols[field][select]))
+        return pa.Table.from_arrays(arrays, names=["node", "ts", "gpu", *GPU_FIELDS])
 
-    def _link_table(self, ts: np.ndarray, cols: dict[str, np.ndarray]) -> pa.Table:
-        s, n, p = ts.size, self.nodes, self.ports
-        rows = s * n * p
-        node = np.broadcast_to(np.arange(n, dtype=np.int32)[None, :, None], (s, n, p)).reshape(-1)
-        zeros = np.zeros(rows, dtype=np.int32)
-        arrays = [self._dictionary(node, self.node_names), pa.array(np.repeat(ts, n * p)),
-                  self._dictionary(np.tile(np.arange(p, dtype=np.int32), s * n), link_port_names(p)),
+    def _link_table(self, ts: np.ndarray, cols: dict[str, np.ndarray], keep: np.ndarray | None) -> pa.Table:
+        select = None if keep is None else np.repeat(keep, self.ports)
+        node, ts_col, port = self._keys(ts, self.ports, select)
+        zeros = np.zeros(port.size, dtype=np.int32)
+        arrays = [node, ts_col, self._dictionary(port, link_port_names(self.ports)),
                   self._dictionary(zeros, ("ib",)), self._dictionary(zeros, ("ACTIVE",))]
-        arrays += [pa.array(cols[name]) for name in LINK_COUNTERS]
+        arrays += [pa.array(cols[name] if select is None else cols[name][select]) for name in LINK_COUNTERS]
         return pa.Table.from_arrays(arrays, names=["node", "ts", "port", "kind", "state", *LINK_COUNTERS])
 
     def _xid_table(self, gpu, failures: list[Failure]) -> pa.Table:

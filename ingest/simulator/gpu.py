@@ -54,7 +54,7 @@ _NVLINK: Final = {"nvlink_crc_flit_error_count_total": 400.0, "nvlink_crc_data_e
                   "nvlink_replay_error_count_total": 25.0, "nvlink_recovery_error_count_total": 0.8}
 _PCIE: Final = 150.0
 _POWER_SPIKES: Final = 25.0
-_THERMAL_DRIFT_C: Final = 9.0
+_THERMAL_DRIFT_C: Final = 20.0
 
 XID_MESSAGES: Final[dict[int, str]] = {
     13: "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
@@ -88,8 +88,8 @@ class GpuBaseline:
 
     temp_offset: np.ndarray
     mem_offset: np.ndarray
-    power_scale: np.ndarray
     util_level: np.ndarray
+    watts_per_util: np.ndarray
     phase_days: np.ndarray
     fb_used: np.ndarray
     sbe_rate_h: np.ndarray
@@ -104,8 +104,9 @@ class GpuBaseline:
         return cls(
             temp_offset=(rng.normal(0, 2.0, (nodes, 1)) + rng.normal(0, 1.5, shape)).astype(_F32),
             mem_offset=rng.normal(7.0, 1.5, shape).astype(_F32),
-            power_scale=rng.normal(1.0, 0.03, shape).astype(_F32),
             util_level=rng.uniform(88.0, 97.0, (nodes, 1)).astype(_F32),
+            watts_per_util=(rng.normal(1.0, 0.03, shape) * (POWER_CAP_W - IDLE_POWER_W) * 0.0093
+                            ).astype(_F32),
             phase_days=rng.normal(0.0, 0.02, (nodes, 1)),
             fb_used=np.rint(rng.uniform(55_000, 76_000, (nodes, 1)) + rng.normal(0, 300, shape)),
             sbe_rate_h=rng.lognormal(np.log(_SBE_PER_HOUR), 1.0, shape)
@@ -152,19 +153,30 @@ class GpuGenerator:
         days = ts.astype(np.float64)[:, None] / 86_400_000.0 + base.phase_days[None, :, :].reshape(1, n)
         diurnal = np.sin(2 * np.pi * (days - 0.625)).astype(_F32)[:, :, None]  # peak mid-afternoon UTC
         amp = self.profile.noise.diurnal_amplitude
-        util = rng.standard_normal((steps, n, g), _F32) * (2 * noise)
+        shape = (steps, n, g)
+        # gauges are built in place, in float32: this is the hot loop of the simulator
+        util = rng.standard_normal(shape, _F32)
+        util *= 2 * noise
         util += base.util_level[None] * (1 + amp * diurnal)
         np.clip(util, 0, 100, out=util)
-        power = IDLE_POWER_W + (POWER_CAP_W - IDLE_POWER_W) * 0.93 * (util / 100) * base.power_scale[None]
-        power += rng.standard_normal((steps, n, g), _F32) * (8 * noise)
-        temp = 28 + 2 * diurnal + base.temp_offset[None] + 0.05 * power
-        temp += rng.standard_normal((steps, n, g), _F32) * (0.6 * noise)
-        mem_temp = temp + base.mem_offset[None] + rng.standard_normal((steps, n, g), _F32) * (0.5 * noise)
+        power = rng.standard_normal(shape, _F32)
+        power *= 8 * noise
+        power += util * base.watts_per_util[None]
+        power += IDLE_POWER_W
+        temp = rng.standard_normal(shape, _F32)
+        temp *= 0.6 * noise
+        temp += 0.05 * power
+        temp += 28 + 2 * diurnal
+        temp += base.temp_offset[None]
+        mem_temp = rng.standard_normal(shape, _F32)
+        mem_temp *= 0.5 * noise
+        mem_temp += temp
+        mem_temp += base.mem_offset[None]
 
         inc = {name: Increments() for name in _COUNTERS}
         xids: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         gauge_sets: list[tuple[int, int, int | None, int]] = []
-        brake: list[tuple[np.ndarray, int, int | None]] = []
+        brake: list[tuple[int, int, int]] = []
         poisson_scatter(rng, base.sbe_rate_h * self.hours, steps, inc["ecc_sbe"], burst_mean=3.0)
         poisson_scatter(rng, base.pcie_rate_h * self.hours, steps, inc["pcie_replay_counter"])
         poisson_scatter(rng, base.nvlink_rate_h * self.hours, steps, inc["nvlink_crc_flit_error_count_total"])
@@ -181,22 +193,9 @@ class GpuGenerator:
                 mem_temp[:, ep.node, where] += 1.2 * (drift[:, None] if ep.gpu is None else drift)
                 continue
             for unit in units:
-                self._episode_counters(rng, ep, unit, x, active, inc, xids, gauge_sets, brake, ts, power)
+                self._episode_counters(rng, ep, unit, x, active, inc, xids, brake, power)
 
-        sw_therm = temp > THROTTLE_SW_C
-        hw_therm = temp > THROTTLE_HW_C
-        capped = power > POWER_CAP_W
-        np.minimum(power, POWER_CAP_W + 150, out=power)
-        reasons = (sw_therm * SW_THERMAL + hw_therm * HW_THERMAL + capped * SW_POWER_CAP).astype(np.int64)
-        for step, node, unit in brake:
-            where = slice(None) if unit is None else unit
-            reasons[step, node, where] |= HW_POWER_BRAKE | HW_SLOWDOWN
-        sm_clock = MAX_SM_CLOCK - 120 * capped - np.clip((temp - (THROTTLE_SW_C - 2)) * 45, 0, 900)
-        sm_clock[reasons & HW_POWER_BRAKE > 0] *= 0.5
-        us = self.interval_ms * 1000
-        self._violations(inc["thermal_violation"], np.flatnonzero(sw_therm), us)
-        power_limited = np.flatnonzero(reasons & (SW_POWER_CAP | HW_POWER_BRAKE))
-        self._violations(inc["power_violation"], power_limited, us)
+        reasons, sm_clock = self._throttling(temp, power, brake, inc)
 
         # random application Xids on healthy GPUs
         rate = self.profile.noise.benign_xid_per_gpu_day * n * g * steps * self.interval_ms / 86_400_000
@@ -215,22 +214,27 @@ class GpuGenerator:
                        for s, nn, gg, c in zip(xid_s, xid_n, xid_g, xid_c, strict=True)]
         xid_ts = ts[xid_s] - rng.integers(0, self.interval_ms, xid_s.size)
 
-        cols = self._counters(steps, inc, repairs, power, up, gauge_sets)
-        cols.update(
-            gpu_temp=np.rint(temp), memory_temp=np.rint(mem_temp),
-            power_usage=np.rint(power.astype(np.float64) * 100) / 100,
-            sm_clock=np.rint(sm_clock), gpu_util=np.rint(util), mem_copy_util=np.rint(util * 0.42),
-            clocks_event_reasons=reasons,
-        )
-        cols["mem_clock"] = np.full((steps, n, g), MEM_CLOCK)
-        cols["fb_used"] = np.broadcast_to(base.fb_used, (steps, n, g))
-        cols["fb_free"] = np.broadcast_to(FB_TOTAL_MIB - base.fb_used, (steps, n, g))
+        watts = power.astype(np.float64)  # reported with 10 mW resolution
+        watts *= 100
+        np.rint(watts, out=watts)
+        watts /= 100
+        cols = self._counters(steps, inc, repairs, watts, up, gauge_sets)
+        mem_copy = util * 0.42
+        for gauge in (temp, mem_temp, util, mem_copy, sm_clock):  # sensors report whole units
+            np.rint(gauge, out=gauge)
+        cols.update(gpu_temp=temp, memory_temp=mem_temp, power_usage=watts, sm_clock=sm_clock, gpu_util=util,
+                    mem_copy_util=mem_copy, clocks_event_reasons=reasons)
+        cols["mem_clock"] = np.full(shape, MEM_CLOCK)
+        cols["fb_used"] = np.broadcast_to(base.fb_used, shape)
+        cols["fb_free"] = np.broadcast_to(FB_TOTAL_MIB - base.fb_used, shape)
         flat = {k: np.ascontiguousarray(v, dtype=np.int64 if v.dtype.kind in "iub" else np.float64)
                 .reshape(-1) for k, v in cols.items()}
         return GpuChunk(flat, xid_ts.astype(np.int64), xid_n.astype(np.int64), xid_g.astype(np.int64),
                         xid_c.astype(np.int64))
 
-    def _episode_counters(self, rng, ep, unit, x, active, inc, xids, gauge_sets, brake, ts, power) -> None:
+    def _episode_counters(self, rng: np.random.Generator, ep: Episode, unit: int, x: np.ndarray,
+                          active: np.ndarray, inc: dict[str, Increments], xids: list,
+                          brake: list[tuple[int, int, int]], power: np.ndarray) -> None:
         """Counter-type signatures of one episode on one GPU."""
         lam = x[active] * self.hours
         if ep.kind == "ecc":
@@ -258,9 +262,32 @@ class GpuGenerator:
             power[spikes, ep.node, unit] += rng.uniform(120, 260, spikes.size).astype(_F32)
             brake.extend((int(s), ep.node, unit) for s in spikes)
 
-    def _violations(self, inc: Increments, flat_rows: np.ndarray, us: int) -> None:
+    def _throttling(self, temp: np.ndarray, power: np.ndarray, brake: list[tuple[int, int, int]],
+                    inc: dict[str, Increments]) -> tuple[np.ndarray, np.ndarray]:
+        """Clock-event reasons and SM clock; violation counters grow while throttled.
+
+        Throttling is rare, so it is computed on the few hot or capped samples only.
+        """
         n, g = self.nodes, self.gpus
-        inc.add(flat_rows // (n * g), (flat_rows // g) % n, flat_rows % g, us)
+        reasons = np.zeros(temp.shape, dtype=np.int64)
+        sm_clock = np.full(temp.shape, MAX_SM_CLOCK, dtype=_F32)
+        r, sm, t = reasons.reshape(-1), sm_clock.reshape(-1), temp.reshape(-1)
+        hot = np.flatnonzero(t > THROTTLE_SW_C - 2)
+        sm[hot] -= np.minimum((t[hot] - (THROTTLE_SW_C - 2)) * 45, 900)
+        sw = hot[t[hot] > THROTTLE_SW_C]
+        r[sw] |= SW_THERMAL
+        r[hot[t[hot] > THROTTLE_HW_C]] |= HW_THERMAL
+        capped = np.flatnonzero(power.reshape(-1) > POWER_CAP_W)
+        r[capped] |= SW_POWER_CAP
+        sm[capped] -= 120
+        braked = np.array([(s * n + node) * g + unit for s, node, unit in brake], dtype=np.int64)
+        r[braked] |= HW_POWER_BRAKE | HW_SLOWDOWN
+        sm[braked] *= 0.5
+        np.minimum(power, POWER_CAP_W + 150, out=power)
+        us = self.interval_ms * 1000
+        for name, rows in (("thermal_violation", sw), ("power_violation", np.union1d(capped, braked))):
+            inc[name].add(rows // (n * g), (rows // g) % n, rows % g, us)
+        return reasons, sm_clock
 
     def _counters(self, steps, inc, repairs, power, up, xid_sets) -> dict[str, np.ndarray]:
         """Cumulative counters and stateful gauges, with the resets a repair brings."""
@@ -277,7 +304,7 @@ class GpuGenerator:
         out["ecc_dbe_agg_total"] = cumulative(c["ecc_dbe"], steps, dbe_inc)
         for name in _COUNTERS[2:]:  # remapped rows are lifetime (InfoROM); the others restart
             out[name] = cumulative(c[name], steps, inc[name], [] if "remapped" in name else resets)
-        energy = power.astype(np.float64) * (self.interval_ms)  # mJ per step
+        energy = power * self.interval_ms  # mJ per step
         if up is not None:
             energy *= up[:, :, None]
         np.cumsum(energy, axis=0, out=energy)
