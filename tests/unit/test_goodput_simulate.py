@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from models.goodput import FailureTrace, JobParams, OperatingPoint, run_strategies, simulate
+from models.goodput.simulate import reference_periodic_ettr
 from models.reliability import daly_interval_seconds, ettr_periodic
 
 
@@ -44,6 +45,22 @@ def test_simulator_agrees_with_closed_form_ettr_within_one_percent(interval_s, c
     assert result.ettr == pytest.approx(expected, rel=0.01)
     # Closer still on the lost fraction than 1 % of ETTR would demand.
     assert 1 - result.ettr == pytest.approx(1 - expected, rel=0.05)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_event_replay_matches_the_naive_per_checkpoint_reference(seed):
+    # Random parameters and bursty failures (restarts interrupted by further failures) included.
+    rng = np.random.default_rng(seed)
+    params = JobParams(checkpoint_s=float(rng.uniform(0, 300)), restart_s=float(rng.uniform(0, 3600)))
+    mtbf = float(rng.uniform(600, 6 * 3600))
+    trace = exponential_trace(mtbf, int(rng.integers(0, 400)), seed=seed)
+    burst = np.sort(np.concatenate([trace.fail_s, trace.fail_s[::3] + rng.uniform(0, params.restart_s + 1)]))
+    burst = burst[burst < trace.duration_s]
+    trace = FailureTrace("burst", 8, 8, trace.duration_s, burst, np.ones(len(burst)),
+                         np.array(["x"] * len(burst), dtype=object), np.zeros(len(burst), dtype=int))
+    interval = float(rng.uniform(60, 7200))
+    expected = reference_periodic_ettr(trace, interval, params)
+    assert simulate(trace, interval, params).ettr == pytest.approx(expected, abs=1e-9)
 
 
 def test_young_daly_interval_minimises_simulated_loss():
