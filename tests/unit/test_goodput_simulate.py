@@ -9,7 +9,12 @@ import pytest
 
 from models.goodput import FailureTrace, JobParams, OperatingPoint, run_strategies, simulate
 from models.goodput.simulate import reference_periodic_ettr
-from models.reliability import daly_interval_seconds, ettr_periodic
+from models.reliability import (
+    daly_interval_seconds,
+    ettr_periodic,
+    ettr_with_prediction,
+    mitigation_success_probability,
+)
 
 
 def exponential_trace(mtbf_s: float, failures: int, seed: int = 0, repair_s: float = 86400.0) -> FailureTrace:
@@ -45,6 +50,23 @@ def test_simulator_agrees_with_closed_form_ettr_within_one_percent(interval_s, c
     assert result.ettr == pytest.approx(expected, rel=0.01)
     # Closer still on the lost fraction than 1 % of ETTR would demand.
     assert 1 - result.ettr == pytest.approx(1 - expected, rel=0.05)
+
+
+@pytest.mark.parametrize("mtbf_h, recall, lead_s, false_alarms", [
+    (3.0, 0.6, 1800.0, 1.0), (1.0, 0.3, 120.0, 0.0), (12.0, 0.6, 1800.0, 2.0),
+])
+def test_simulator_with_prediction_agrees_with_closed_form_within_one_percent(mtbf_h, recall, lead_s,
+                                                                               false_alarms):
+    trace = exponential_trace(mtbf_h * 3600, 20_000, seed=1)
+    params = JobParams(spares=10**6)  # the closed form assumes a spare is always there
+    op = OperatingPoint(recall=recall, lead_time_s=lead_s, false_alarms_per_1000_node_days=false_alarms)
+    result = run_strategies(trace, params, op, strategies=("foreshock",))["foreshock"]
+    expected = ettr_with_prediction(result.interval_s, params.checkpoint_s, params.restart_s, trace.mtbf_s,
+                                    recall=recall, lead_time_s=lead_s, migration_s=params.migration_s,
+                                    false_alarms_per_day=false_alarms * trace.nodes / 1000)
+    assert result.ettr == pytest.approx(expected, rel=0.01)
+    caught = recall * mitigation_success_probability(lead_s, params.checkpoint_s + params.migration_s)
+    assert result.crashes == pytest.approx(len(trace) * (1 - caught), rel=0.03)
 
 
 @pytest.mark.parametrize("seed", range(12))
