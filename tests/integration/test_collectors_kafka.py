@@ -1,0 +1,102 @@
+"""``foreshock collect`` as a real process publishing to a real Kafka broker; SIGTERM flushes, exits 0."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ingest.contract import Topic, XidEvent
+from ingest.kafka_bus import KafkaBus
+from ingest.stream import RecordStream
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+DATA = Path(__file__).parents[1] / "data" / "collectors"
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "foreshock", "collect", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _read_until(stream: RecordStream, node: str, done: Callable[[list], bool], timeout_s: float,
+                seen: list) -> list:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not done(seen):
+        for decoded in stream.poll(timeout_s=0.5):
+            seen.extend(r for r in decoded.records if r.node == node)
+    return seen
+
+
+def _stop(proc: subprocess.Popen) -> tuple[int, str]:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return proc.returncode, err.decode(errors="replace")
+
+
+def test_kmsg_replay_folds_a_flood_and_sigterm_flushes_the_held_counts(kafka_bootstrap, group_id, tmp_path):
+    real = (DATA / "xid" / "xid_lines.txt").read_text().splitlines()
+    fallen = real[43]  # "NVRM: Xid (PCI:0000:05:00): 79, ... GPU has fallen off the bus."
+    log = tmp_path / "kern.log"
+    log.write_text("\n".join(real[:5] + [fallen] * 1000) + "\n")
+    node = f"kmsg-{group_id}"
+    proc = _start("--source", "kmsg", "--path", str(log), "--node", node, "--interval", "200ms",
+                  "--fold-window", "1h", "--kafka", kafka_bootstrap)
+    bus = KafkaBus(kafka_bootstrap)
+    stream = RecordStream(bus, bus.consumer(group_id, [Topic.XID]))
+    try:
+        seen: list[XidEvent] = []
+        _read_until(stream, node, lambda s: len(s) >= 6, 90, seen)
+        assert [e.xid for e in seen[:6]] == [13] * 5 + [79] and seen[5].count == 1
+        assert proc.poll() is None  # still running, 999 repeats held back in the fold window
+        rc, err = _stop(proc)
+        assert rc == 0, err
+        _read_until(stream, node, lambda s: sum(e.count for e in s if e.xid == 79) >= 1000, 60, seen)
+        fallen_events = [e for e in seen if e.xid == 79]
+        assert sum(e.count for e in fallen_events) == 1000 and len(fallen_events) == 2
+        assert fallen_events[1].count == 999 and fallen_events[1].severity == "FATAL"
+        assert stream.dead_letters == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stream.close()
+        bus.close()
+
+
+def test_ib_collector_publishes_samples_with_deltas(kafka_bootstrap, group_id, tmp_path):
+    tree = tmp_path / "infiniband"
+    shutil.copytree(DATA / "ib" / "sys-class-infiniband", tree)
+    node = f"ib-{group_id}"
+    proc = _start("--source", "ib", "--path", str(tree), "--node", node, "--interval", "300ms",
+                  "--kafka", kafka_bootstrap)
+    bus = KafkaBus(kafka_bootstrap)
+    stream = RecordStream(bus, bus.consumer(group_id, [Topic.LINK]))
+    try:
+        seen: list = []
+        _read_until(stream, node, lambda s: len(s) >= 3, 90, seen)
+        counter = tree / "mlx5_1" / "ports" / "1" / "counters" / "symbol_error"
+        counter.chmod(0o644)
+        counter.write_text("12\n")
+        bumped = lambda s: any((r.deltas or {}).get("symbol_error") == 12 for r in s)  # noqa: E731
+        _read_until(stream, node, bumped, 60, seen)
+        assert {r.port for r in seen} == {"mlx5_0/1", "mlx5_1/1", "mlx5_bond_0/1"}
+        assert any(r.port == "mlx5_1/1" and r.deltas and r.deltas["symbol_error"] == 12 for r in seen)
+        assert seen[0].link_downed is not None and seen[0].state == "ACTIVE"
+        rc, err = _stop(proc)
+        assert rc == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stream.close()
+        bus.close()
