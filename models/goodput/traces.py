@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ingest.dataset import read_ground_truth, read_manifest
+from ingest.simulator.calibration import cause_of
 from models.reliability import SECONDS_PER_DAY
 
 __all__ = [
@@ -92,7 +93,9 @@ def load_infinitehbd(path: str | Path) -> FailureTrace:
     Each ``fault_start`` is paired with the next ``fault_end`` of the same node and fault type
     (ends sort after starts at equal times, so zero-length faults pair up). A fault that starts
     while the same node is still in an earlier fault is dropped: the node is already out of the
-    job. The cause is the fault's ``Class`` (``GPU``, ``NIC``, ``Fan``, ...).
+    job. The cause is the ``datasets/profiles/infinitehbd.toml`` cause the simulator's calibration
+    maps the fault type to (``gpu_ecc``, ``ib_link_down``, ``unknown``, ...), so per-cause recall
+    measured on data simulated from that profile applies to the real faults.
     """
     events = json.loads(Path(path).read_text())
     events.sort(key=lambda e: (e["event_time"], e["event_type"] != "fault_start"))
@@ -104,7 +107,8 @@ def load_infinitehbd(path: str | Path) -> FailureTrace:
         if e["event_type"] == "fault_start":
             open_faults.setdefault(key, []).append(e["event_time"])
         else:
-            rows.append((e["node_id"], open_faults[key].pop(0), e["event_time"], ft["Class"]))
+            cause = cause_of(ft["Class"], ft["Desc"])
+            rows.append((e["node_id"], open_faults[key].pop(0), e["event_time"], cause))
     frame = pd.DataFrame(rows, columns=["node", "start", "end", "cause"]).sort_values(["node", "start"])
     previous_end = frame.groupby("node")["end"].transform(lambda s: s.cummax().shift(fill_value=-1.0))
     frame = frame[frame["start"] >= previous_end]

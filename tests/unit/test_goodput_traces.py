@@ -28,7 +28,10 @@ def test_infinitehbd_trace_pairs_faults_and_matches_its_published_statistics():
     assert len(trace) == published - 2
     assert (trace.nodes, trace.gpus, round(trace.days)) == (400, 3200, 349)
     assert np.all(trace.repair_s >= 0) and np.all(np.diff(trace.fail_s) >= 0)
-    assert (trace.cause == "GPU").sum() == stats["Hardware Failure"]["GPU"]["ClassTotal"]
+    # Causes are the infinitehbd profile's (the simulator's calibration map): GPU ECC = DBE + SBE.
+    gpu = stats["Hardware Failure"]["GPU"]
+    ecc = gpu["GPU DBE(Double Bit ECC) > Threshold"] + gpu["GPU SBE(Single Bit ECC) > Threshold"]
+    assert (trace.cause == "gpu_ecc").sum() == ecc
     assert trace.mtbf_s / 3600 == pytest.approx(349 * 24 / 582)
 
 
