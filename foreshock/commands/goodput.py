@@ -75,9 +75,9 @@ def _print_tables(console: Console, table: pd.DataFrame, traces: dict[int, Failu
                   f"false alarms {op.false_alarms_per_1000_node_days:g} per 1000 node-days")
     for gpus, rows in table.groupby("gpus", sort=True):
         trace = traces[gpus]
-        title = (f"{gpus:,} GPUs ({trace.nodes} nodes): {len(trace)} failures in {trace.days:.0f} days, "
-                 f"MTBF {trace.mtbf_s / 3600:.2f} h")
-        out = Table(title=title, title_justify="left")
+        console.print(f"[bold]{gpus:,} GPUs[/] ({trace.nodes} nodes): {len(trace)} failures in "
+                      f"{trace.days:.0f} days, MTBF {trace.mtbf_s / 3600:.2f} h")
+        out = Table()
         for col in ("strategy", "interval", "ETTR", "GPU-h lost/day", "interruptions/day", "migrations/day",
                     "lost-time reduction"):
             out.add_column(col, justify="left" if col == "strategy" else "right")
