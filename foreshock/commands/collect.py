@@ -27,6 +27,7 @@ from ingest.collectors import (
     create_collector,
     parser_for,
 )
+from ingest.collectors.xid_policy import load_xid_policy
 from ingest.contract import TELEMETRY_TOPICS, encode
 
 __all__ = ["register", "run_collector"]
@@ -45,11 +46,50 @@ class CapturedKind(StrEnum):
     ib = "ib"
 
 
+def _seconds(text: str, flag: str) -> float:
+    try:
+        return parse_duration(text).total_seconds()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=flag) from None
+
+
+def _check_policy(override: Path | None) -> None:
+    """Fail on a bad operator policy file before any collector starts."""
+    if override is None:
+        return
+    try:
+        load_xid_policy(override)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--xid-policy") from None
+
+
 def _stdout_sink(records: list[Any]) -> None:
     out = sys.stdout.buffer
     for record in records:
         out.write(encode(record) + b"\n")
     out.flush()
+
+
+def _kafka_sink(bootstrap: str, source: str) -> tuple[Callable[[list[Any]], None], Callable[[], None]]:
+    """Publish each poll's records (one message per topic and node) and flush; exit 1 if unreachable."""
+    from kafka.errors import KafkaError
+
+    from ingest.kafka_bus import KafkaBus, ensure_topics
+    from ingest.stream import publish
+
+    try:
+        ensure_topics(bootstrap, TELEMETRY_TOPICS)
+    except KafkaError as exc:
+        typer.echo(f"foreshock collect: cannot reach Kafka at {bootstrap} ({exc}).", err=True)
+        raise typer.Exit(1) from None
+    bus = KafkaBus(bootstrap, client_id=f"foreshock-collect-{source}")
+
+    def sink(records: list[Any]) -> None:
+        if records:
+            publish(bus, records)
+            bus.flush()
+
+    return sink, bus.close
 
 
 def run_collector(collector: Any, sink: Callable[[list[Any]], None], interval_s: float,
@@ -92,38 +132,27 @@ def register(app: typer.Typer) -> None:
         """Run a collector until stopped (SIGTERM flushes and exits 0)."""
         if (kafka is None) == (not stdout):
             raise typer.BadParameter("give exactly one of --kafka BOOTSTRAP or --stdout")
+        interval_s = _seconds(interval, "--interval")
+        _check_policy(xid_policy)
         options = CollectorOptions(node=node, path=path, url=url, journal=journal,
                                    xid_policy_override=xid_policy,
-                                   fold_window_ms=int(parse_duration(fold_window).total_seconds() * 1000))
+                                   fold_window_ms=int(_seconds(fold_window, "--fold-window") * 1000))
+        sink, close_sink = _kafka_sink(kafka, source.value) if kafka is not None else (_stdout_sink, None)
         try:
-            collector = create_collector(source.value, options)
-        except CollectorUnavailable as exc:
-            typer.echo(f"foreshock collect: {exc}", err=True)
-            raise typer.Exit(1) from None
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-        interval_s = parse_duration(interval).total_seconds()
-        if kafka is not None:
-            from ingest.kafka_bus import KafkaBus, ensure_topics
-            from ingest.stream import publish
-
-            ensure_topics(kafka, TELEMETRY_TOPICS)
-            bus = KafkaBus(kafka, client_id=f"foreshock-collect-{source.value}")
-
-            def sink(records: list[Any]) -> None:
-                if records:
-                    publish(bus, records)
-                    bus.flush()
-        else:
-            sink = _stdout_sink
-        typer.echo(f"collecting {source.value} on {node} every {interval} -> "
-                   f"{'kafka ' + kafka if kafka else 'stdout'}", err=True)
-        try:
+            try:
+                collector = create_collector(source.value, options)
+            except CollectorUnavailable as exc:
+                typer.echo(f"foreshock collect: {exc}", err=True)
+                raise typer.Exit(1) from None
+            stop = threading.Event()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stop.set())
+            typer.echo(f"collecting {source.value} on {node} every {interval} -> "
+                       f"{'kafka ' + kafka if kafka else 'stdout'}", err=True)
             run_collector(collector, sink, interval_s, stop, polls)
         finally:
-            if kafka is not None:
-                bus.close()
+            if close_sink is not None:
+                close_sink()
 
     @app.command("parse")
     def parse(
@@ -138,9 +167,10 @@ def register(app: typer.Typer) -> None:
                                         "window are folded."),
     ) -> None:
         """Print a captured file's normalized records as JSON lines; counts on stderr."""
+        _check_policy(xid_policy)
         options = CollectorOptions(node=node or ("" if kind is CapturedKind.dcgm else "unknown"),
                                    xid_policy_override=xid_policy,
-                                   fold_window_ms=int(parse_duration(fold_window).total_seconds() * 1000))
+                                   fold_window_ms=int(_seconds(fold_window, "--fold-window") * 1000))
         try:
             with open(file, "rb") as handle:
                 result = parser_for(kind.value)(handle, options)
