@@ -109,9 +109,8 @@ def _foreshock_interval(trace: FailureTrace, params: JobParams, op: OperatingPoi
     """Daly's interval for the failures the predictor leaves (its expected residual rate)."""
     if not len(trace):
         return math.inf
-    needed = params.checkpoint_s + params.migration_s
-    lead = op.lead_time_s if np.ndim(op.lead_time_s) == 0 else np.asarray(op.lead_time_s)
-    caught = float(np.mean(op.recall_for(trace.cause))) * mitigation_success_probability(lead, needed)
+    in_time = mitigation_success_probability(op.lead_time_s, params.checkpoint_s + params.migration_s)
+    caught = float(np.mean(op.recall_for(trace.cause))) * in_time
     residual = 1.0 - caught
     return math.inf if residual <= 0 else daly_interval_seconds(params.checkpoint_s, trace.mtbf_s / residual)
 
