@@ -1,7 +1,179 @@
-"""Commands of this area (registered by foreshock.cli)."""
+"""``foreshock mitigate`` (the policy loop on the bus) and ``foreshock drill`` (the fire drill).
+
+This module is the mitigator's composition root: it builds the bus, the scheduler adapter (by
+name), the command channel, the job source, the audit log and the policy, and passes them in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from enum import StrEnum
+from pathlib import Path
 
 import typer
 
+from foreshock.commands.durations import parse_duration
+
+__all__ = ["register"]
+
+
+class SchedulerName(StrEnum):
+    slurm = "slurm"
+    kubernetes = "kubernetes"
+    none = "none"
+
+
+def _seconds(text: str, flag: str) -> float:
+    try:
+        return parse_duration(text).total_seconds()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=flag) from None
+
+
+def _scheduler(name: SchedulerName, kube_selector: str | None):
+    from mitigator.schedulers import SCHEDULERS
+
+    if name is SchedulerName.kubernetes:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        return SCHEDULERS["kubernetes"](api=client.CoreV1Api(), pod_selector=kube_selector)
+    return SCHEDULERS[name.value]()
+
+
+def mitigate(
+    kafka: str = typer.Option(..., "--kafka", help="Kafka bootstrap host:port"),
+    scheduler: SchedulerName = typer.Option(SchedulerName.none, "--scheduler", help="who drains nodes"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="record what would be done; touch nothing"),
+    audit: Path = typer.Option(Path("foreshock-audit.sqlite"), "--audit", help="SQLite audit log"),
+    control_dir: Path | None = typer.Option(
+        None,
+        "--control-dir",
+        help="shared folder: file command channel + the hooks' job status; "
+        "omitted: commands go over mitigation.events",
+    ),
+    spare: list[str] = typer.Option([], "--spare", help="a spare node (repeat the flag)"),
+    fleet_size: int | None = typer.Option(
+        None, "--fleet-size", help="nodes in the cluster (circuit breaker)"
+    ),
+    watch_at: float = typer.Option(0.3, "--watch-at", help="probability that puts a node on watch"),
+    clear_below: float = typer.Option(0.2, "--clear-below", help="probability below which the risk clears"),
+    restart: str = typer.Option("10m", "--restart", help="time a crashed job needs to restart"),
+    migration: str = typer.Option("2m", "--migration", help="time a migration onto a spare takes"),
+    max_drains: int = typer.Option(2, "--max-drains", help="cap on nodes draining/drained at once"),
+    job_share: float = typer.Option(0.25, "--job-share", help="max share of a job's nodes moved at once"),
+    breaker_share: float = typer.Option(
+        0.05,
+        "--breaker-share",
+        help="share of the fleet drained within --breaker-window that stops new drains",
+    ),
+    breaker_window: str = typer.Option("1h", "--breaker-window"),
+    kube_selector: str | None = typer.Option(
+        None, "--kube-selector", help="label selector of job pods to evict"
+    ),
+    group: str = typer.Option("foreshock-mitigator", "--group", help="Kafka consumer group"),
+    pin: str | None = typer.Option(None, "--pin", help="publish a pin request for NODE and exit"),
+    unpin: str | None = typer.Option(None, "--unpin", help="publish an unpin request for NODE and exit"),
+    run_for: str | None = typer.Option(
+        None, "--run-for", help="stop after this long (default: until signalled)"
+    ),
+) -> None:
+    """Turn risk scores into safe, audited actions (checkpoint, migrate, drain)."""
+    from ingest.kafka_bus import KafkaBus, ensure_topics
+    from ingest.stream import publish
+    from mitigator.audit import AuditLog
+    from mitigator.channels import FileChannel, TopicChannel
+    from mitigator.engine import MitigationEngine
+    from mitigator.executor import Executor
+    from mitigator.jobs import FileJobs, StaticJobs
+    from mitigator.policy import ExpectedLossPolicy, PolicyConfig
+    from mitigator.service import MitigationService, pin_request
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    ensure_topics(kafka)
+    bus = KafkaBus(kafka, client_id="foreshock-mitigator")
+    if pin or unpin:
+        publish(bus, [pin_request(pin or unpin, pinned=bool(pin), reason="cli")])
+        bus.flush()
+        bus.close()
+        typer.echo(f"{'pin' if pin else 'unpin'} request for {pin or unpin} published")
+        return
+    try:
+        config = PolicyConfig(
+            watch_at=watch_at,
+            clear_below=clear_below,
+            restart_s=_seconds(restart, "--restart"),
+            migration_s=_seconds(migration, "--migration"),
+            max_concurrent_drains=max_drains,
+            max_job_share=job_share,
+            breaker_share=breaker_share,
+            breaker_window_ms=int(_seconds(breaker_window, "--breaker-window") * 1000),
+            spare_nodes=tuple(spare),
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    channel = FileChannel(control_dir) if control_dir else TopicChannel(bus)
+    jobs = FileJobs(control_dir) if control_dir else StaticJobs()
+    executor = Executor(
+        AuditLog(audit, bus=bus),
+        scheduler=_scheduler(scheduler, kube_selector),
+        channel=channel,
+        acks=channel,
+        dry_run=dry_run,
+    )
+    service = MitigationService(
+        bus,
+        MitigationEngine(ExpectedLossPolicy(config), jobs=jobs, fleet_size=fleet_size),
+        executor,
+        group=group,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    if run_for:
+        threading.Timer(_seconds(run_for, "--run-for"), stop.set).start()
+    try:
+        service.run(stop)
+    finally:
+        service.close()
+        bus.close()
+
+
+def drill(
+    as_json: bool = typer.Option(False, "--json", help="print the figures as one JSON object"),
+    every: int = typer.Option(40, "--every", help="periodic snapshot interval of the drill job (steps)"),
+    step_seconds: float = typer.Option(0.05, "--step-seconds", help="simulated compute per step"),
+    workdir: Path | None = typer.Option(None, "--workdir", help="keep logs and snapshots here"),
+) -> None:
+    """Fire drill: torchrun job on this machine, node B fails warned and unwarned; print what was lost."""
+    from mitigator.drill import DrillSettings, run_drill
+
+    result = run_drill(DrillSettings(every=every, step_seconds=step_seconds), workdir=workdir)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    w, u = result["warned"], result["unwarned"]
+    typer.echo(f"{'':10} {'steps lost':>10} {'seconds lost':>13} {'downtime s':>11}")
+    typer.echo(
+        f"{'warned':10} {w['steps_lost']:>10} {w['seconds_lost']:>13.3f} {w['downtime_seconds']:>11.2f}"
+    )
+    typer.echo(
+        f"{'unwarned':10} {u['steps_lost']:>10} {u['seconds_lost']:>13.3f} {u['downtime_seconds']:>11.2f}"
+    )
+    typer.echo(
+        f"alert -> durable snapshot: {result['alert_to_snapshot_seconds']:.3f} s; "
+        f"training resumed on {', '.join(w['resumed_nodes'])}"
+    )
+
 
 def register(app: typer.Typer) -> None:
-    """Add this area's commands to ``app``."""
+    """Add ``mitigate`` and ``drill``."""
+    app.command("mitigate")(mitigate)
+    app.command("drill")(drill)
