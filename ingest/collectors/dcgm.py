@@ -13,6 +13,7 @@ and series without a ``gpu`` label are left out.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import math
 import urllib.request
@@ -175,7 +176,7 @@ class DcgmExporterCollector:
         ts = self.clock()
         try:
             body = self.fetch(self.url, self.timeout_s)
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:
             self.failures += 1
             log.warning("dcgm-exporter scrape of %s failed: %s", self.url, exc)
             return []

@@ -93,7 +93,11 @@ class _LineSplitter:
 
 
 class FileSource:
-    """A captured log file: read from the start, then follow appended lines (like ``tail -f``)."""
+    """A captured log file: read from the start, then follow appended lines (like ``tail -f``).
+
+    A file truncated in place is read again from its start; a file replaced by rotation is not
+    followed to its successor (point ``--path`` at /dev/kmsg or use ``--journal`` for live logs).
+    """
 
     def __init__(self, path: Path):
         try:
@@ -103,6 +107,8 @@ class FileSource:
         self._lines = _LineSplitter()
 
     def read_lines(self) -> list[Line]:
+        if os.fstat(self._file.fileno()).st_size < self._file.tell():  # truncated (copytruncate rotation)
+            self._file.seek(0)
         chunk = self._file.read(_MAX_BYTES_PER_POLL)
         return [(_decode(raw), None) for raw in self._lines.feed(chunk or b"")]
 

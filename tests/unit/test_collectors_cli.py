@@ -61,6 +61,16 @@ def test_collect_needs_exactly_one_sink():
     assert result.exit_code != 0 and "exactly one of --kafka" in result.output
 
 
+def test_docstring_examples():
+    import doctest
+
+    from ingest.collectors import infiniband, kernel_log, pci
+
+    for module in (pci, kernel_log, infiniband):
+        failed, attempted = doctest.testmod(module)
+        assert attempted > 0 and failed == 0, module.__name__
+
+
 def test_run_loop_stops_on_the_event_and_drains():
     class Fake:  # the smallest collector with a held-back record
         def __init__(self):

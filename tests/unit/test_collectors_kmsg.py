@@ -203,6 +203,17 @@ def test_file_source_follows_appended_lines_and_folds(tmp_path):
     assert [(e.xid, e.count) for e in rest] == [(79, 499)]
 
 
+def test_file_source_starts_over_when_the_file_is_truncated(tmp_path):
+    log = tmp_path / "kern.log"
+    real = (DATA / "xid_lines.txt").read_text().splitlines()
+    log.write_text("\n".join(real[:10]) + "\n")
+    source = FileSource(log)
+    assert len(source.read_lines()) == 10
+    log.write_text(real[43] + "\n")  # rotated by copytruncate, then one new line
+    assert [t for t, _ in source.read_lines()] == [real[43]]
+    source.close()
+
+
 def test_dev_kmsg_source_reads_real_kernel_records():
     if not os.access("/dev/kmsg", os.R_OK):
         pytest.skip("/dev/kmsg is not readable here")
