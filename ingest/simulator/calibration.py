@@ -84,10 +84,13 @@ class TraceSummary:
     causes: tuple[CauseFit, ...]
 
 
-def summarize_trace(events: list[dict[str, Any]], servers: int = INFINITEHBD_SERVERS,
-                    days: float = INFINITEHBD_DAYS, gpus_per_server: int = INFINITEHBD_GPUS_PER_SERVER
-                    ) -> TraceSummary:
-    """Count faults per cause and fit their repair times (start matched to the next end, per node and type)."""
+def summarize_trace(
+    events: list[dict[str, Any]],
+    servers: int = INFINITEHBD_SERVERS,
+    days: float = INFINITEHBD_DAYS,
+    gpus_per_server: int = INFINITEHBD_GPUS_PER_SERVER,
+) -> TraceSummary:
+    """Count faults per cause and fit repair times (a start matches the next end of its node and type)."""
     open_faults: dict[tuple, list[float]] = defaultdict(list)
     repairs: dict[str, list[float]] = defaultdict(list)
     for e in sorted(events, key=lambda e: e["event_time"]):
@@ -102,8 +105,15 @@ def summarize_trace(events: list[dict[str, Any]], servers: int = INFINITEHBD_SER
     fits = []
     for cause, hours in sorted(repairs.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         logs = np.log(hours)
-        fits.append(CauseFit(cause, len(hours), len(hours) / total, float(np.exp(np.median(logs))),
-                             float(logs.std()) if len(hours) > 1 else 1.0))
+        fits.append(
+            CauseFit(
+                cause,
+                len(hours),
+                len(hours) / total,
+                float(np.exp(np.median(logs))),
+                float(logs.std()) if len(hours) > 1 else 1.0,
+            )
+        )
     return TraceSummary(total, total / (servers * days * gpus_per_server), tuple(fits))
 
 
@@ -111,8 +121,10 @@ def main(path: str) -> None:
     summary = summarize_trace(json.loads(Path(path).read_text()))
     print(f"faults={summary.faults} interruptions_per_gpu_day={summary.interruptions_per_gpu_day:.7f}")
     for f in summary.causes:
-        print(f"{f.cause:24s} count={f.count:4d} share={f.share:.6f} "
-              f"repair_median_hours={f.repair_median_hours:.2f} repair_sigma={f.repair_sigma:.2f}")
+        print(
+            f"{f.cause:24s} count={f.count:4d} share={f.share:.6f} "
+            f"repair_median_hours={f.repair_median_hours:.2f} repair_sigma={f.repair_sigma:.2f}"
+        )
 
 
 if __name__ == "__main__":

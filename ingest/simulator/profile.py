@@ -197,16 +197,12 @@ def parse_profile(data: dict[str, Any], name: str) -> Profile:
     unknown = sorted(set(data) - {"description", "cluster", "failure", "noise"})
     if unknown:
         raise ProfileError(f"{unknown[0]}: unknown key (known: description, cluster, failure, noise)")
-    for key in ("cluster", "failure", "noise"):
-        if key not in data:
-            what = "[[failure]] tables" if key == "failure" else "table"
-            raise ProfileError(f"{key}: missing required {what}")
     description = _check("description", data.get("description", ""), "str")
-    c = _take(data["cluster"], "cluster", _CLUSTER)
+    c = _take(data.get("cluster", {}), "cluster", _CLUSTER)
     c["ib_ports_per_node"] = c["ib_ports_per_node"] or c["gpus_per_node"]
     cluster = Cluster(**c)
-    if not isinstance(data["failure"], list) or not data["failure"]:
-        raise ProfileError("failure: expected at least one [[failure]] table")
+    if not isinstance(data.get("failure"), list) or not data["failure"]:
+        raise ProfileError("failure: missing required [[failure]] tables (at least one)")
     failures = []
     for i, table in enumerate(data["failure"]):
         where = f"failure[{i}]"
@@ -230,6 +226,8 @@ def parse_profile(data: dict[str, Any], name: str) -> Profile:
     total = sum(f.share for f in failures)
     if abs(total - 1.0) > _SHARE_TOLERANCE:
         raise ProfileError(f"failure.share: shares add up to {total:.4f}, not 1")
+    if "noise" not in data:
+        raise ProfileError("noise: missing required table")
     noise = Noise(**_take(data["noise"], "noise", _NOISE))
     return Profile(name=name, description=description, cluster=cluster, failures=tuple(failures), noise=noise)
 

@@ -1,0 +1,179 @@
+"""The dataset layout (the contract with features and models), determinism, and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from foreshock.cli import app
+from foreshock.commands.simulate import profile_path
+from ingest.contract import GPU_FIELDS, LINK_COUNTERS
+from ingest.dataset import (
+    MANIFEST_KEYS,
+    DatasetError,
+    DatasetWriter,
+    read_events,
+    read_ground_truth,
+    read_manifest,
+    read_table,
+)
+from ingest.simulator import Simulator, load_profile, write_dataset
+
+HOUR = 3_600_000
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """12 nodes x 2 days of llama3 at 100x the rate, in small chunks so there are several parts."""
+    sim = Simulator(
+        load_profile(profile_path("llama3")),
+        nodes=12,
+        duration_ms=48 * HOUR,
+        interval_ms=60_000,
+        seed=7,
+        rate_multiplier=100,
+        chunk_rows=40_000,
+    )
+    out = tmp_path_factory.mktemp("ds")
+    write_dataset(sim, out)
+    return sim, out
+
+
+def test_manifest_has_the_layout_keys_and_the_multiplier(dataset):
+    sim, out = dataset
+    m = read_manifest(out)
+    assert set(MANIFEST_KEYS) <= set(m)
+    assert (m["nodes"], m["gpus_per_node"], m["interval_ms"], m["seed"]) == (12, 8, 60_000, 7)
+    assert m["end_ms"] - m["start_ms"] == 48 * HOUR
+    assert m["rate_multiplier"] == 100 and m["profile"] == "llama3"
+
+
+def test_gpu_table_columns_order_and_dtypes(dataset):
+    sim, out = dataset
+    parts = sorted((out / "gpu").glob("part-*.parquet"))
+    assert len(parts) == sim.n_chunks > 1
+    gpu = read_table(out, "gpu")
+    assert list(gpu.columns) == ["node", "ts", "gpu", *GPU_FIELDS]
+    assert gpu.ts.dtype == np.int64 and gpu.gpu.dtype == np.int64
+    assert pd.api.types.is_string_dtype(gpu.node)
+    assert all(gpu[f].dtype in (np.float64, np.int64) for f in GPU_FIELDS)
+    keys = gpu[["ts", "node", "gpu"]]
+    assert keys.equals(keys.sort_values(["ts", "node", "gpu"], ignore_index=True))
+    assert gpu.node.str.fullmatch(r"node\d{4}").all()
+
+
+def test_link_and_xid_tables(dataset):
+    _, out = dataset
+    link = read_table(out, "link")
+    assert list(link.columns) == ["node", "ts", "port", "kind", "state", *LINK_COUNTERS]
+    assert set(link.kind) == {"ib"}
+    xid = read_table(out, "xid")
+    assert list(xid.columns) == ["node", "ts", "gpu", "xid", "count", "message", "pci_bus_id"]
+    assert xid.ts.is_monotonic_increasing
+
+
+def test_ground_truth_and_events_agree(dataset):
+    sim, out = dataset
+    gt = read_ground_truth(out)
+    ev = read_events(out)
+    assert len(gt) == len(sim.schedule.failures) >= 5
+    failed = ev[ev.event == "failed"].reset_index(drop=True)
+    assert failed[["node", "ts", "cause"]].equals(gt[["node", "ts", "cause"]])
+    assert (gt.precursor_start_ms.isna() == ~gt.detectable).all()
+    assert (gt.precursor_start_ms.dropna() < gt.ts[gt.detectable]).all()
+    repaired = ev[ev.event == "repaired"]
+    assert len(repaired) == (gt.repair_ts < read_manifest(out)["end_ms"]).sum()
+
+
+def test_no_samples_while_down_and_failure_xids_at_the_failure_instant(dataset):
+    sim, out = dataset
+    gpu = read_table(out, "gpu", columns=["node", "ts"])
+    link = read_table(out, "link", columns=["node", "ts"])
+    xid = read_table(out, "xid")
+    for f in read_ground_truth(out).itertuples():
+        for table in (gpu, link):
+            assert not ((table.node == f.node) & (table.ts >= f.ts) & (table.ts < f.repair_ts)).any()
+        codes = load_profile(profile_path("llama3")).failures
+        expected = next(c.xid for c in codes if c.cause == f.cause)
+        at_failure = xid[(xid.node == f.node) & (xid.ts == f.ts)]
+        assert set(at_failure.xid) == set(expected)
+
+
+def test_counters_are_monotonic_across_parts_except_after_repair(dataset):
+    sim, out = dataset
+    gpu = read_table(
+        out, "gpu", columns=["node", "ts", "gpu", "ecc_sbe_agg_total", "total_energy_consumption"]
+    )
+    for _, g in gpu.groupby(["node", "gpu"]):
+        assert (np.diff(g.ecc_sbe_agg_total.to_numpy()) >= 0).all()
+        assert (np.diff(g.total_energy_consumption.to_numpy()) > 0).all()
+
+
+def test_read_table_selects_columns_and_time(dataset):
+    sim, out = dataset
+    lo, hi = sim.start_ms + 3 * HOUR, sim.start_ms + 5 * HOUR
+    part = read_table(out, "gpu", columns=["node", "gpu_temp"], start_ms=lo, end_ms=hi)
+    assert list(part.columns) == ["node", "gpu_temp"]
+    full = read_table(out, "gpu", columns=["ts"])
+    assert len(part) == ((full.ts >= lo) & (full.ts < hi)).sum() > 0
+
+
+def test_writer_refuses_an_existing_dataset_and_a_bad_layout(dataset, tmp_path):
+    _, out = dataset
+    with pytest.raises(DatasetError, match="already holds"):
+        DatasetWriter(out)
+    with pytest.raises(DatasetError, match="no manifest"):
+        read_manifest(tmp_path)
+    import pyarrow as pa
+
+    with pytest.raises(DatasetError, match="must start with"):
+        DatasetWriter(tmp_path / "x").write_part("gpu", pa.table({"ts": [1], "node": ["a"], "gpu": [0]}))
+
+
+def test_same_seed_same_bytes_through_the_cli(tmp_path):
+    runner = CliRunner()
+    args = [
+        "simulate",
+        "--profile",
+        "llama3",
+        "--nodes",
+        "4",
+        "--days",
+        "0.25",
+        "--interval",
+        "30s",
+        "--seed",
+        "7",
+        "--rate-multiplier",
+        "200",
+    ]
+    outs = []
+    for name, seed in (("a", "7"), ("b", "7"), ("c", "8")):
+        result = runner.invoke(
+            app, [*args[:-3], seed, "--rate-multiplier", "200", "--out", str(tmp_path / name)]
+        )
+        assert result.exit_code == 0, result.output
+        outs.append(
+            {
+                p.relative_to(tmp_path / name): p.read_bytes()
+                for p in sorted((tmp_path / name).rglob("*"))
+                if p.is_file()
+            }
+        )
+    assert outs[0] == outs[1]
+    assert outs[0].keys() == outs[2].keys() and outs[0] != outs[2]
+    assert (
+        json.loads(outs[0][next(k for k in outs[0] if k.name == "manifest.json")])["rate_multiplier"] == 200
+    )
+
+
+def test_cli_refuses_a_bad_profile_by_name(tmp_path):
+    bad = tmp_path / "mine.toml"
+    bad.write_text("[cluster]\ngpus_per_node = 8\n")
+    result = CliRunner().invoke(app, ["simulate", "--profile", str(bad), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "cluster.interruptions_per_gpu_day" in result.output
