@@ -4,7 +4,7 @@ The expected-loss policy acts when the expected loss of doing nothing, P(fail wi
 (work since the job's last checkpoint + restart) × the job's GPUs, exceeds the cost of acting,
 (checkpoint + migration) × GPUs — the maths lives in :mod:`models.reliability`, not here.
 Hysteresis: a node enters *watch* at ``watch_at``, is mitigated only after ``confirm``
-consecutive records for which acting pays off, and returns to *healthy* only after ``clear_after``
+consecutive records at or above ``watch_at`` for which acting pays off, and returns to *healthy* only after ``clear_after``
 consecutive records below ``clear_below``. A mitigation is a migration plus a drain when every
 safety rail allows it, otherwise a checkpoint only:
 
@@ -92,6 +92,7 @@ class ExpectedLossPolicy:
             return Plan(r.node, view)
         job = ctx.job_of(r.node)
         pays, why = self._pays(r, job)
+        pays = pays and (r.probability >= c.watch_at or r.alert)  # below the watch level nothing counts
         view = replace(
             view, hot=view.hot + 1 if pays else 0, cool=view.cool + 1 if r.probability < c.clear_below else 0
         )

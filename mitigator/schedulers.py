@@ -47,7 +47,7 @@ class SlurmAdapter:
         proc = self._run(args, capture_output=True, text=True, env=self.env, timeout=self.timeout_s)
         if proc.returncode != 0:
             err = (proc.stderr or proc.stdout).strip()
-            if not drained and "Invalid node state transition" in err:
+            if not drained and "Invalid node state" in err:
                 return  # already in service: resuming twice is a success
             raise SchedulerError(f"scontrol failed ({proc.returncode}): {err}")
 
