@@ -45,11 +45,15 @@ def test_unknown_node_is_an_error(slurm_cluster):
 def test_policy_drains_through_slurm_and_dry_run_does_not(slurm_cluster, tmp_path):
     def run(dry_run: bool) -> None:
         engine = MitigationEngine(ExpectedLossPolicy(PolicyConfig()), fleet_size=3)
-        executor = Executor(AuditLog(tmp_path / f"audit-{dry_run}.sqlite"), scheduler=SlurmAdapter(env=slurm_cluster.env),
-                            dry_run=dry_run)
+        executor = Executor(
+            AuditLog(tmp_path / f"audit-{dry_run}.sqlite"),
+            scheduler=SlurmAdapter(env=slurm_cluster.env),
+            dry_run=dry_run,
+        )
         for i, p in enumerate([0.9, 0.95]):
-            for o in executor.apply(engine.observe(RiskScore(node="node3", ts=1000 + i, probability=p, alert=True,
-                                                             threshold=0.8))):
+            for o in executor.apply(
+                engine.observe(RiskScore(node="node3", ts=1000 + i, probability=p, alert=True, threshold=0.8))
+            ):
                 engine.settle(o.action, o.succeeded)
 
     run(dry_run=True)

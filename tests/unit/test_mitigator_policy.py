@@ -26,7 +26,9 @@ def risk(node: str, i: int, p: float) -> RiskScore:
 
 
 def job(name: str, nodes: list[str], last_ckpt_ms: int = T0 - 3600_000) -> JobView:
-    return JobView(job=name, nodes=tuple(nodes), gpus_per_node=8, last_checkpoint_ms=last_ckpt_ms, checkpoint_s=30)
+    return JobView(
+        job=name, nodes=tuple(nodes), gpus_per_node=8, last_checkpoint_ms=last_ckpt_ms, checkpoint_s=30
+    )
 
 
 class RecordingScheduler:
@@ -48,8 +50,13 @@ def rig(tmp_path, jobs, *, dry_run=False, scheduler=None, fleet=100, **cfg):
     engine = MitigationEngine(ExpectedLossPolicy(config), jobs=StaticJobs(jobs), fleet_size=fleet)
     bus = InMemoryBus()
     sched = scheduler or RecordingScheduler()
-    executor = Executor(AuditLog(tmp_path / "audit.sqlite", bus=bus), scheduler=sched,
-                        channel=FileChannel(tmp_path / "control"), dry_run=dry_run, sleep=lambda s: None)
+    executor = Executor(
+        AuditLog(tmp_path / "audit.sqlite", bus=bus),
+        scheduler=sched,
+        channel=FileChannel(tmp_path / "control"),
+        dry_run=dry_run,
+        sleep=lambda s: None,
+    )
     return MitigationService(bus, engine, executor), bus, sched
 
 
@@ -81,7 +88,7 @@ def test_sustained_risk_migrates_onto_the_spare_then_drains(tmp_path):
     assert outcomes[0].action.replacement == "spare0"
     assert sched.calls == [("n1", True)]
     assert service.engine.state("n1") is NodeState.DRAINED
-    command = (tmp_path / "control" / "llm" / "commands" / f"{outcomes[0].action.action_id}.json")
+    command = tmp_path / "control" / "llm" / "commands" / f"{outcomes[0].action.action_id}.json"
     assert '"kind": "leave"' in command.read_text()
 
 
@@ -115,15 +122,23 @@ def test_acting_only_when_expected_loss_exceeds_cost(tmp_path):
 def test_burst_of_alerts_respects_caps_spares_and_job_share(tmp_path):
     nodes = [f"n{i}" for i in range(16)]
     jobs = [job("big", nodes[:8]), job("small", nodes[8:])]
-    service, _, sched = rig(tmp_path, jobs, max_concurrent_drains=3, max_job_share=0.25,
-                            spare_nodes=("spare0", "spare1", "spare2"), breaker_share=0.5)
+    service, _, sched = rig(
+        tmp_path,
+        jobs,
+        max_concurrent_drains=3,
+        max_job_share=0.25,
+        spare_nodes=("spare0", "spare1", "spare2"),
+        breaker_share=0.5,
+    )
     records = [risk(n, i, p) for i, p in enumerate([0.5, 0.9, 0.95]) for n in nodes]
     outcomes = feed(service, records)
     drained = [o.action.node for o in outcomes if o.action.kind == "drain" and o.succeeded]
     migrations = [o.action for o in outcomes if o.action.kind == "migrate"]
     assert len(drained) == 3  # the concurrent-drain cap
     assert len({m.replacement for m in migrations}) == len(migrations) == 3  # one spare each, none twice
-    assert sum(n in nodes[:8] for n in drained) <= 2 and sum(n in nodes[8:] for n in drained) <= 2  # job share
+    assert (
+        sum(n in nodes[:8] for n in drained) <= 2 and sum(n in nodes[8:] for n in drained) <= 2
+    )  # job share
     checkpoints = [o.action for o in outcomes if o.action.kind == "checkpoint"]
     assert len(checkpoints) == len(nodes) - 3  # everyone else: checkpoint only
     assert all("checkpoint only" in c.reason for c in checkpoints)
@@ -156,8 +171,12 @@ def test_dry_run_acts_on_nothing_but_records_everything(tmp_path):
     assert sched.calls == []
     assert not (tmp_path / "control").exists()
     events = [e for m in bus.messages(Topic.MITIGATION) for e in decode(Topic.MITIGATION, m.value)]
-    assert {(e.action, e.status) for e in events} == {("migrate", "planned"), ("migrate", "skipped"),
-                                                      ("drain", "planned"), ("drain", "skipped")}
+    assert {(e.action, e.status) for e in events} == {
+        ("migrate", "planned"),
+        ("migrate", "skipped"),
+        ("drain", "planned"),
+        ("drain", "skipped"),
+    }
     assert all(e.dry_run for e in events)
 
 
@@ -172,8 +191,12 @@ def test_replayed_risk_stream_acts_once(tmp_path):
     while service.poll_once(0.0):
         pass
     # a restarted mitigator (fresh memory, same audit log) reading the stream from the start
-    restarted = MitigationService(bus, MitigationEngine(service.engine.policy, jobs=StaticJobs(jobs)),
-                                  service.executor, group="after-restart")
+    restarted = MitigationService(
+        bus,
+        MitigationEngine(service.engine.policy, jobs=StaticJobs(jobs)),
+        service.executor,
+        group="after-restart",
+    )
     while restarted.poll_once(0.0):
         pass
     done = [e for e in service.executor.audit.events() if e.status == "succeeded"]
@@ -191,8 +214,15 @@ def test_failed_drain_is_retried_with_backoff_and_audited(tmp_path):
     outcomes = feed(service, [risk("n1", i, p) for i, p in enumerate([0.9, 0.95])])
     assert [(o.action.kind, o.status) for o in outcomes] == [("drain", "succeeded")]
     trail = [(e.status, e.attempt) for e in service.executor.audit.events(outcomes[0].action.action_id)]
-    assert trail == [("planned", 1), ("started", 1), ("failed", 1), ("started", 2), ("failed", 2),
-                     ("started", 3), ("succeeded", 3)]
+    assert trail == [
+        ("planned", 1),
+        ("started", 1),
+        ("failed", 1),
+        ("started", 2),
+        ("failed", 2),
+        ("started", 3),
+        ("succeeded", 3),
+    ]
     assert waits == [0.5, 1.0]
 
 
@@ -224,6 +254,8 @@ def test_pinned_node_is_never_acted_on_until_unpinned(tmp_path):
     while service.poll_once(0.0):
         pass
     assert sched.calls == [("n1", True)]
-    pins = [e for e in service.executor.audit.events() if e.action in ("pin", "unpin") and e.status == "succeeded"]
+    pins = [
+        e for e in service.executor.audit.events() if e.action in ("pin", "unpin") and e.status == "succeeded"
+    ]
     assert [e.action for e in pins] == ["pin", "unpin"]
     assert all(isinstance(e, MitigationEvent) for e in pins)
