@@ -1,0 +1,116 @@
+"""The notebooks run top to bottom on a small simulated dataset and draw what their titles say.
+
+Each notebook's cell tagged ``parameters`` is replaced by this test's values (papermill style),
+then the notebook runs in a real Jupyter kernel (nbclient, the ``python3`` kernel of this
+interpreter). A cell appended at the end prints the titles of every figure the notebook kept, so
+the test can check that each figure is the one its section promises, and counts the PNGs shown.
+Set ``FORESHOCK_NOTEBOOK_PNGS=DIR`` to keep the PNGs for a look.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from ingest.simulator import Simulator, load_profile, write_dataset
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+_TITLES_CELL = (
+    "import json as _json\nfrom matplotlib.figure import Figure as _Figure\n"
+    "print('FIGURE_TITLES=' + _json.dumps({_k: [_a.get_title() for _a in _v.axes] + [_v._suptitle.get_text() "
+    "if _v._suptitle else ''] for _k, _v in dict(globals()).items() if isinstance(_v, _Figure)}))"
+)
+
+
+def run_notebook(name: str, parameters: dict) -> tuple[nbformat.NotebookNode, dict[str, list[str]]]:
+    """Execute ``notebooks/<name>`` with ``parameters``; return it and the titles of its figures."""
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    for cell in nb.cells:
+        assert not cell.get("outputs"), f"{name}: outputs must be stripped in git"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, f"{name}: exactly one cell must be tagged 'parameters'"
+    tagged[0].source = "\n".join(f"{k} = {v!r}" for k, v in parameters.items())
+    nb.cells.append(nbformat.v4.new_code_cell(_TITLES_CELL))
+    where = {"metadata": {"path": str(ROOT)}}
+    client = NotebookClient(nb, timeout=240, kernel_name="python3", resources=where)
+    client.execute()
+    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("name") == "stdout")
+    titles = json.loads(text.split("FIGURE_TITLES=", 1)[1])
+    keep = os.environ.get("FORESHOCK_NOTEBOOK_PNGS")
+    if keep:
+        for i, png in enumerate(pngs(nb)):
+            out = Path(keep) / f"{Path(name).stem}-{i:02d}.png"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(base64.b64decode(png))
+    return nb, titles
+
+
+def pngs(nb: nbformat.NotebookNode) -> list[str]:
+    return [o["data"]["image/png"] for c in nb.cells if c.cell_type == "code"
+            for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    """24 nodes x 2 days at a high failure rate: enough failures to train on, in a few seconds."""
+    out = tmp_path_factory.mktemp("nb") / "data"
+    profile = load_profile(ROOT / "datasets" / "profiles" / "llama3.toml")
+    sim = Simulator(profile, nodes=24, duration_ms=2 * 86_400_000, interval_ms=60_000, seed=3,
+                    rate_multiplier=250.0)
+    return write_dataset(sim, out)
+
+
+def test_kernel_is_this_interpreter() -> None:
+    """``python3`` resolves to this venv's interpreter (no `ipykernel install` needed)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    km = KernelManager(kernel_name="python3")
+    assert km.format_kernel_cmd()[0] in (sys.executable, spec.argv[0])
+    assert Path(km.format_kernel_cmd()[0]).resolve() == Path(sys.executable).resolve()
+
+
+def test_failure_analysis(dataset: Path, tmp_path: Path) -> None:
+    nb, titles = run_notebook("failure_analysis.ipynb", {"DATA_DIR": str(dataset), "WINDOW_HOURS": 6.0})
+    assert len(pngs(nb)) == 4
+    assert titles["fig_mix"][0] == "Failure mix by cause: observed vs profile"
+    suptitle = titles["fig_foreshocks"][-1]
+    assert suptitle.startswith("Foreshocks of node") and "beside healthy node" in suptitle
+    assert any("<- this precursor" in t for t in titles["fig_foreshocks"])
+    assert titles["fig_xids"][0] == "Xid codes by frequency and severity"
+    assert titles["fig_gaps"][0] == "Time between failures (whole cluster)"
+
+
+def test_goodput(tmp_path: Path) -> None:
+    params = {"PROFILE": "llama3", "GPUS": [1024, 8192], "RECALLS": [0.0, 0.5, 1.0], "DAYS": 20.0,
+              "OPERATING_RECALL": 0.5, "METRICS": None, "OUT": str(tmp_path)}
+    nb, titles = run_notebook("goodput.ipynb", params)
+    assert len(pngs(nb)) == 2
+    assert titles["fig_size"][0] == "ETTR against cluster size"
+    assert (tmp_path / "ettr_vs_recall.png").is_file()
+
+
+def test_model_report(dataset: Path, tmp_path: Path) -> None:
+    from models.train import train_from_dataset
+
+    train_from_dataset(dataset, tmp_path / "train", horizon_minutes=60, register=False)
+    params = {"DATA_DIR": str(dataset), "MODEL": str(tmp_path / "train"), "TRACKING_URI": None}
+    nb, titles = run_notebook("model_report.ipynb", params)
+    assert titles["fig_causes"][0].startswith("Recall by failure cause")
+    explained = [k for k in ("fig_caught", "fig_missed") if k in titles]
+    assert explained, "neither a caught nor a missed failure was explained"
+    for key in explained:
+        kind = key.removeprefix("fig_").capitalize()
+        assert titles[key][0].startswith(f"{kind}: node")
+    assert len(pngs(nb)) == 5 + len(explained)  # four report plots + recall by cause + explanations
