@@ -13,11 +13,16 @@ from __future__ import annotations
 import threading
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Message", "Consumer", "Bus", "InMemoryBus", "partition_for"]
+__all__ = ["Message", "Consumer", "Bus", "InMemoryBus", "partition_for", "AssignListener"]
+
+AssignListener = Callable[[set[tuple[str, int]]], None]
+"""Called with a member's whole new assignment after every rebalance, inside ``poll`` and before
+it returns any record, so a stateful consumer can restore state and ``seek`` (Kafka's
+``on_partitions_assigned``). Optional ``on_assign=`` argument of ``Bus.consumer``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +119,9 @@ class InMemoryBus:
         """Nothing to release."""
 
     # consumer side -------------------------------------------------------------------------
-    def consumer(self, group: str, topics: Sequence[str]) -> _InMemoryConsumer:
-        member = _InMemoryConsumer(self, group, tuple(topics))
+    def consumer(self, group: str, topics: Sequence[str], on_assign: AssignListener | None = None
+                 ) -> _InMemoryConsumer:
+        member = _InMemoryConsumer(self, group, tuple(topics), on_assign)
         with self._lock:
             self._members[group].append(member)
             self._rebalance(group)
@@ -134,6 +140,7 @@ class InMemoryBus:
         members = self._members[group]
         for m in members:
             m._owned = {}
+            m._assignment_changed = True
         if not members:
             return
         topics = sorted({t for m in members for t in m.topics})
@@ -153,18 +160,30 @@ class InMemoryBus:
 
 
 class _InMemoryConsumer:
-    def __init__(self, bus: InMemoryBus, group: str, topics: tuple[str, ...]):
+    def __init__(self, bus: InMemoryBus, group: str, topics: tuple[str, ...],
+                 on_assign: AssignListener | None = None):
         self._bus = bus
         self.group = group
         self.topics = topics
+        self._on_assign = on_assign
+        self._assignment_changed = False
         self._owned: dict[tuple[str, int], int] = {}  # partition -> next position to read
 
     def poll(self, timeout_s: float = 1.0, max_records: int = 10_000) -> list[Message]:
+        if self._on_assign is not None:
+            with self._bus._lock:
+                changed, self._assignment_changed = self._assignment_changed, False
+                owned = set(self._owned)
+            if changed:
+                self._on_assign(owned)
         with self._bus._lock:
+            if self._on_assign is not None and self._assignment_changed:
+                return []  # rebalanced meanwhile: the next poll tells the listener first
             out = self._take(max_records)
             if not out and timeout_s > 0:
                 self._bus._lock.wait(timeout_s)
-                out = self._take(max_records)
+                if self._on_assign is None or not self._assignment_changed:
+                    out = self._take(max_records)
             return out
 
     def _take(self, max_records: int) -> list[Message]:
@@ -185,6 +204,18 @@ class _InMemoryConsumer:
     def assignment(self) -> set[tuple[str, int]]:
         with self._bus._lock:
             return set(self._owned)
+
+    def seek(self, positions: dict[tuple[str, int], int]) -> None:
+        """Move owned partitions to explicit offsets (see ``KafkaConsumerMember.seek``)."""
+        with self._bus._lock:
+            for tp, pos in positions.items():
+                if tp in self._owned:
+                    self._owned[tp] = pos
+
+    def lag(self) -> dict[tuple[str, int], int | None]:
+        """Records not yet polled, per owned partition."""
+        with self._bus._lock:
+            return {tp: len(self._bus._logs.get(tp, ())) - pos for tp, pos in self._owned.items()}
 
     def close(self) -> None:
         self._bus._leave(self)

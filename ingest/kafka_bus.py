@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka import ConsumerRebalanceListener, KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
-from ingest.bus import Message, commit_positions
+from ingest.bus import AssignListener, Message, commit_positions
 from ingest.contract import Topic
 
 __all__ = ["KafkaBus", "KafkaConsumerMember", "ensure_topics"]
@@ -85,7 +85,7 @@ class KafkaConsumerMember:
     """A consumer-group member with manual commits; see :class:`ingest.bus.Consumer`."""
 
     def __init__(self, bootstrap: str, group: str, topics: Sequence[str], *, client_id: str = "foreshock",
-                 **config):
+                 on_assign: AssignListener | None = None, **config):
         settings = dict(
             bootstrap_servers=bootstrap,
             group_id=group,
@@ -97,7 +97,11 @@ class KafkaConsumerMember:
             heartbeat_interval_ms=1_000,
         )
         settings.update(config)
-        self._consumer = KafkaConsumer(*topics, **settings)
+        if on_assign is None:
+            self._consumer = KafkaConsumer(*topics, **settings)
+        else:
+            self._consumer = KafkaConsumer(**settings)
+            self._consumer.subscribe(list(topics), listener=_AssignListener(on_assign))
 
     def poll(self, timeout_s: float = 1.0, max_records: int = 10_000) -> list[Message]:
         batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
@@ -125,5 +129,30 @@ class KafkaConsumerMember:
     def assignment(self) -> set[tuple[str, int]]:
         return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
 
+    def lag(self) -> dict[tuple[str, int], int | None]:
+        """Records between this member's position and the partition's last known end, per owned
+        partition; None until a fetch has reported the end."""
+        out: dict[tuple[str, int], int | None] = {}
+        for tp in self._consumer.assignment():
+            try:
+                high, pos = self._consumer.highwater(tp), self._consumer.position(tp, timeout_ms=0)
+            except KafkaError:
+                high = pos = None
+            out[(tp.topic, tp.partition)] = None if high is None or pos is None else max(0, high - pos)
+        return out
+
     def close(self) -> None:
         self._consumer.close(autocommit=False)
+
+
+class _AssignListener(ConsumerRebalanceListener):
+    """Adapts an :data:`ingest.bus.AssignListener` to kafka-python's rebalance callbacks."""
+
+    def __init__(self, on_assign: AssignListener):
+        self._on_assign = on_assign
+
+    def on_partitions_revoked(self, revoked) -> None:
+        """Nothing to do: the new assignment says everything the listener needs."""
+
+    def on_partitions_assigned(self, assigned) -> None:
+        self._on_assign({(tp.topic, tp.partition) for tp in assigned})

@@ -1,7 +1,113 @@
-"""Commands of this area (registered by foreshock.cli)."""
+"""``foreshock serve``: the online risk service (consumer loop + HTTP API) in one process.
+
+This module is the composition root of the predictor: it reads the environment
+(``FORESHOCK_API_TOKEN``, ``FORESHOCK_API_TOKEN_FILE``, ``MLFLOW_TRACKING_URI``), builds the bus,
+the feature engines, the model source and the checkpoint store, and passes them in.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
 
 import typer
 
+from foreshock.commands.durations import parse_duration
+
+
+def _ms(text: str) -> int:
+    return int(parse_duration(text).total_seconds() * 1000)
+
+
+def read_token(token_file: Path | None) -> str | None:
+    """The API token: ``FORESHOCK_API_TOKEN``, else the first line of the token file (flag or
+    ``FORESHOCK_API_TOKEN_FILE``); None disables the write endpoints."""
+    token = os.environ.get("FORESHOCK_API_TOKEN")
+    if token:
+        return token.strip()
+    path = token_file or (Path(os.environ["FORESHOCK_API_TOKEN_FILE"])
+                          if os.environ.get("FORESHOCK_API_TOKEN_FILE") else None)
+    if path is None:
+        return None
+    text = path.read_text().strip()
+    if not text:
+        raise typer.BadParameter(f"token file {path} is empty")
+    return text.splitlines()[0].strip()
+
+
+def serve(
+    model: str = typer.Option(..., "--model",
+                              help="models:/foreshock-risk@champion, models:/name/N or a model folder"),
+    kafka: str | None = typer.Option(None, "--kafka",
+                                     help="Kafka bootstrap host:port; omitted: the in-memory bus"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+                                            help="MLflow tracking URI (for models:/ URIs)"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8080, "--port"),
+    score_every: str = typer.Option("10s", "--score-every", help="scoring period, in event time"),
+    lateness: str = typer.Option("0s", "--lateness",
+                                 help="how far a record may trail its log and still count"),
+    tolerance: str = typer.Option("60s", "--tolerance", help="out-of-order allowance of the feature engine"),
+    group: str = typer.Option("foreshock-predictor", "--group", help="Kafka consumer group"),
+    checkpoint_dir: Path | None = typer.Option(
+        None, "--checkpoint-dir", help="shared by the group's processes; default with --kafka: "
+        "$FORESHOCK_CACHE/predictor/<group>; without --kafka: none (state in memory)"),
+    checkpoint_every: str = typer.Option("5s", "--checkpoint-every", help="wall time between checkpoints"),
+    reload_every: str = typer.Option("30s", "--reload-every", help="how often to check the model alias"),
+    token_file: Path | None = typer.Option(None, "--token-file", help="file holding the API bearer token"),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Consume telemetry, score every node each period, publish risk.scores, serve the risk API."""
+    import uvicorn
+
+    from features import DEFAULT_FEATURE_SET
+    from ingest.bus import InMemoryBus
+    from ingest.kafka_bus import KafkaBus, ensure_topics
+    from ingest.kafka_local import cache_dir
+    from predictor.api import create_app
+    from predictor.checkpoint import CheckpointStore
+    from predictor.engines import OnlineEngines
+    from predictor.model_source import ModelMismatchError, model_source
+    from predictor.service import RiskService, ServiceConfig
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("kafka", "mlflow", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    token = read_token(token_file)
+    if kafka:
+        ensure_topics(kafka)
+        bus = KafkaBus(kafka, client_id=f"foreshock-predictor-{os.getpid()}")
+        checkpoint_dir = checkpoint_dir or cache_dir() / "predictor" / group
+    else:
+        bus = InMemoryBus()
+    engines = OnlineEngines(DEFAULT_FEATURE_SET, tolerance_ms=_ms(tolerance))
+    config = ServiceConfig(group=group, score_every_ms=_ms(score_every), lateness_ms=_ms(lateness),
+                           checkpoint_every_s=_ms(checkpoint_every) / 1000,
+                           reload_every_s=_ms(reload_every) / 1000)
+    store = CheckpointStore(checkpoint_dir, engines.load) if checkpoint_dir else None
+    try:
+        service = RiskService(bus, engines, model_source(model, tracking_uri), config=config,
+                              checkpoints=store).start()
+    except (ModelMismatchError, FileNotFoundError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    stop = threading.Event()
+    loop = threading.Thread(target=service.run, args=(stop,), name="risk-service", daemon=True)
+    loop.start()
+    server = uvicorn.Server(uvicorn.Config(create_app(service, token=token), host=host, port=port,
+                                           log_level="warning", access_log=False))
+    typer.echo(f"risk API on http://{host}:{port} (docs at /docs); "
+               f"{'Kafka ' + kafka if kafka else 'in-memory bus'}; model {service.model.version or model}")
+    try:
+        server.run()  # returns on SIGINT / SIGTERM
+    finally:
+        stop.set()
+        loop.join(timeout=60)
+        bus.close()
+
 
 def register(app: typer.Typer) -> None:
-    """Add this area's commands to ``app``."""
+    """Add ``foreshock serve``."""
+    app.command("serve")(serve)

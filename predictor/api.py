@@ -1,0 +1,204 @@
+"""The risk HTTP API (FastAPI; OpenAPI at ``/docs``).
+
+Reads come from the service's :class:`predictor.scoring.RiskBoard` (no model call on a read);
+``POST /v1/score`` runs the model on what the caller sends and needs the bearer token. The
+token is passed in by the composition root (``foreshock serve``); this module reads no
+environment. Errors are JSON ``{"detail": ...}``: 400/422 for bad input, 401/403 for a missing
+or wrong token, 404 for an unknown node, 503 with the reason when the service is not ready.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import msgspec
+import pandas as pd
+from fastapi import Depends, FastAPI, HTTPException, Query, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+
+from ingest.contract import RecordError, RiskScore, Topic, decode
+from predictor.service import NotReady, RiskService
+
+__all__ = ["create_app"]
+
+_JSON = "application/json"
+_KINDS = {"gpu": Topic.GPU, "xid": Topic.XID, "link": Topic.LINK, "events": Topic.NODE_EVENTS}
+
+
+class Contribution(BaseModel):
+    name: str
+    value: float | None
+    contribution: float = Field(description="SHAP contribution to the log-odds")
+
+
+class NodeSummary(BaseModel):
+    node: str
+    ts: int = Field(description="event time the score is for (epoch ms)")
+    probability: float
+    alert: bool
+
+
+class NodeList(BaseModel):
+    total: int
+    nodes: list[NodeSummary]
+
+
+class HistoryPoint(BaseModel):
+    ts: int
+    probability: float
+    alert: bool
+
+
+class NodeDetail(NodeSummary):
+    threshold: float
+    horizon_minutes: int
+    model_version: str
+    top_features: list[Contribution]
+    history: list[HistoryPoint]
+
+
+class ScoreRequest(BaseModel):
+    """Either ``rows`` (feature name -> value; optional ``node`` and ``ts``) or ``telemetry``
+    (raw contract records by kind: ``gpu``, ``xid``, ``link``, ``events``) scored at ``at``."""
+
+    rows: list[dict[str, Any]] | None = None
+    telemetry: dict[str, list[dict[str, Any]]] | None = None
+    at: int | None = Field(None, description="epoch ms to score a telemetry window at "
+                           "(default: the minute tick after its last record)")
+
+
+class ScoreResult(BaseModel):
+    node: str
+    ts: int
+    probability: float
+    alert: bool
+    top_features: list[Contribution]
+
+
+class ScoreResponse(BaseModel):
+    model_version: str
+    threshold: float
+    scores: list[ScoreResult]
+
+
+class ModelInfo(BaseModel):
+    version: str
+    feature_set_hash: str
+    threshold: float
+    horizon_minutes: int
+    feature_names: list[str]
+    metrics: dict[str, Any]
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(obj), status_code=status, media_type=_JSON)
+
+
+def _summary(s: RiskScore) -> dict[str, Any]:
+    return {"node": s.node, "ts": s.ts, "probability": s.probability, "alert": s.alert}
+
+
+def create_app(service: RiskService, *, token: str | None, title: str = "Foreshock risk API") -> FastAPI:
+    """The API over ``service``. ``token=None`` disables the write endpoints (403)."""
+    app = FastAPI(title=title, version="1", description=__doc__)
+    bearer = HTTPBearer(auto_error=False)
+
+    def require_token(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if token is None:
+            raise HTTPException(403, "write endpoints are disabled: the service has no API token configured")
+        if cred is None or cred.scheme.lower() != "bearer":
+            raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+        if not secrets.compare_digest(cred.credentials.encode(), token.encode()):
+            raise HTTPException(401, "invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    @app.get("/healthz", summary="Liveness: the process and its service loop are running")
+    async def healthz() -> Response:
+        if service.error is not None:
+            return _json({"status": "failed", "reason": repr(service.error)}, 503)
+        return _json({"status": "ok"})
+
+    @app.get("/readyz", summary="Readiness: model loaded and consumer caught up")
+    async def readyz() -> Response:
+        ready, reason = service.readiness()
+        return _json({"ready": ready, "reason": reason}, 200 if ready else 503)
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/nodes", response_model=NodeList, summary="Nodes this process scores, highest risk first")
+    async def nodes(
+        alert: bool | None = Query(None, description="only nodes in (true) or out of (false) alert"),
+        min_probability: float = Query(0.0, ge=0.0, le=1.0),
+        prefix: str | None = Query(None, description="only node ids starting with this"),
+        limit: int = Query(100, ge=1, le=100_000),
+        offset: int = Query(0, ge=0),
+    ) -> Response:
+        picked = [s for s in service.board.latest()
+                  if s.probability >= min_probability and (alert is None or s.alert == alert)
+                  and (prefix is None or s.node.startswith(prefix))]
+        return _json({"total": len(picked), "nodes": [_summary(s) for s in picked[offset:offset + limit]]})
+
+    @app.get("/v1/nodes/{node}", response_model=NodeDetail, summary="A node's risk, top features and history")
+    async def node_detail(node: str) -> Response:
+        found = service.board.node(node)
+        if found is None:
+            raise HTTPException(404, f"node {node!r} is not scored by this process")
+        latest, past = found
+        return _json({
+            **_summary(latest), "threshold": latest.threshold, "horizon_minutes": latest.horizon_minutes,
+            "model_version": latest.model_version,
+            "top_features": [{"name": f.name, "value": f.value, "contribution": f.contribution}
+                             for f in latest.top_features],
+            "history": [{"ts": t, "probability": p, "alert": a} for t, p, a in past],
+        })
+
+    @app.get("/v1/model", response_model=ModelInfo, summary="The model being served")
+    async def model() -> Response:
+        m = service.model
+        if m is None:
+            raise HTTPException(503, "no model loaded")
+        return _json({"version": m.version, "feature_set_hash": m.feature_set_hash, "threshold": m.threshold,
+                      "horizon_minutes": m.horizon_minutes, "feature_names": m.feature_names,
+                      "metrics": m.metrics})
+
+    @app.post("/v1/score", response_model=ScoreResponse, dependencies=[Depends(require_token)],
+              summary="Score feature rows or a window of raw telemetry")
+    def score(req: ScoreRequest) -> Response:
+        if (req.rows is None) == (req.telemetry is None):
+            raise HTTPException(400, "give exactly one of 'rows' or 'telemetry'")
+        try:
+            if req.rows is not None:
+                if not req.rows:
+                    raise HTTPException(400, "'rows' is empty")
+                scores = service.score_rows(pd.DataFrame(req.rows))
+            else:
+                scores = service.score_telemetry(_records(req.telemetry or {}), req.at)
+        except NotReady as exc:
+            raise HTTPException(503, str(exc)) from None
+        except KeyError as exc:
+            raise HTTPException(400, f"missing feature columns: {exc.args[0]}") from None
+        except (ValueError, TypeError) as exc:
+            raise HTTPException(400, str(exc)) from None
+        m = service.model
+        return _json({"model_version": m.version if m else "", "threshold": m.threshold if m else 0.0,
+                      "scores": [{**_summary(s), "top_features": [
+                          {"name": f.name, "value": f.value, "contribution": f.contribution}
+                          for f in s.top_features]} for s in scores]})
+
+    return app
+
+
+def _records(telemetry: dict[str, list[dict[str, Any]]]) -> list[Any]:
+    out: list[Any] = []
+    for kind, rows in telemetry.items():
+        if kind not in _KINDS:
+            raise HTTPException(400, f"unknown telemetry kind {kind!r}; use one of {sorted(_KINDS)}")
+        if rows:
+            try:
+                out.extend(decode(_KINDS[kind], msgspec.json.encode(rows)))
+            except RecordError as exc:
+                raise HTTPException(400, f"{kind}: {exc.reason}") from None
+    return out

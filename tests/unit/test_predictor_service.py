@@ -1,0 +1,175 @@
+"""The risk service on the in-memory bus: scoring, restart from checkpoints, dead letters, scale-out,
+model checks. The model is a real trained RiskModel; the feature engine is the real online engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from features import DEFAULT_FEATURE_SET
+from features.batch import compute_features
+from ingest.bus import InMemoryBus
+from ingest.contract import GpuSample, RiskScore, Topic, decode
+from ingest.simulator import stream, write_dataset
+from ingest.stream import publish
+from models.artifact import RiskModel
+from predictor.checkpoint import CheckpointStore
+from predictor.engines import OnlineEngines
+from predictor.model_source import ModelMismatchError, PathModelSource
+from predictor.service import RiskService, ServiceConfig
+from tests.fixtures.predictor import simulator
+
+PERIOD = 5 * 60_000
+ENGINES = OnlineEngines(DEFAULT_FEATURE_SET)
+
+
+def make_service(bus, model_dir, tmp_path, group="g", store=True, **config) -> RiskService:
+    cfg = ServiceConfig(group=group, score_every_ms=PERIOD, checkpoint_every_s=3600, **config)
+    checkpoints = CheckpointStore(tmp_path / "ckpt", ENGINES.load) if store else None
+    return RiskService(bus, ENGINES, PathModelSource(model_dir), config=cfg, checkpoints=checkpoints).start()
+
+
+def drain(*services: RiskService, cycles: int = 400) -> list[RiskScore]:
+    """Run the services until their consumers are caught up and nothing more is scored."""
+    out: list[RiskScore] = []
+    quiet = 0
+    for _ in range(cycles):
+        got = [s for svc in services for s in svc.run_once()]
+        out += got
+        quiet = quiet + 1 if not got and all(svc.lag_records == 0 for svc in services) else 0
+        if quiet >= 2:
+            return out
+    raise AssertionError("services did not drain")
+
+
+def by_key(scores) -> dict[tuple[str, int], float]:
+    return {(s.node, s.ts): s.probability for s in scores}
+
+
+@pytest.fixture(scope="module")
+def sim():
+    return simulator(minutes=40)
+
+
+def test_every_node_is_scored_at_every_boundary_as_one_engine_would(sim, risk_model_dir, tmp_path):
+    bus = InMemoryBus(partitions=3)
+    stream(sim, bus)
+    svc = make_service(bus, risk_model_dir, tmp_path)
+    scores = drain(svc)
+    published = [r for m in bus.messages(Topic.RISK) for r in decode(Topic.RISK, m.value)]
+    assert by_key(published) == by_key(scores) and len(published) == len(scores)
+    boundaries = sorted({s.ts for s in scores})
+    assert len(boundaries) >= 5 and all(t % PERIOD == 0 for t in boundaries)
+    assert np.all(np.diff(boundaries) == PERIOD)
+    # reference: the batch engine's rows at the same instants, from the same run written as a dataset
+    batch = compute_features(write_dataset(sim, tmp_path / "ds"), cadence_ms=PERIOD)
+    model = RiskModel.load(risk_model_dir)
+    for t in boundaries:
+        rows = batch[batch["ts"] == t]
+        expect = dict(zip(rows["node"], model.predict_proba(rows), strict=True))
+        got = {s.node: s.probability for s in scores if s.ts == t}
+        assert set(got) == set(expect) and got
+        assert np.allclose([got[n] for n in sorted(got)], [expect[n] for n in sorted(got)], rtol=1e-9, atol=0)
+    top = scores[-1].top_features
+    assert len(top) == 5 and all(f.name in model.feature_names for f in top)
+    assert all(s.alert == (s.probability >= model.threshold) for s in scores)
+    assert svc.readiness() == (True, "ready")
+
+
+def test_a_restart_from_the_checkpoint_publishes_the_same_scores(sim, risk_model_dir, tmp_path):
+    bus = InMemoryBus(partitions=3)
+    stream(sim, bus)
+    reference = by_key(drain(make_service(bus, risk_model_dir, tmp_path / "a", group="ref")))
+    first = make_service(bus, risk_model_dir, tmp_path / "b", group="run", max_records=40)
+    before: list[RiskScore] = []
+    while len(before) < len(reference) // 3:
+        before += first.run_once()
+    first.checkpoint()
+    for _ in range(3):  # work done after the checkpoint is lost with the process
+        before += first.run_once()
+    first._stream.consumer.close()  # the "kill": no final checkpoint, no commit; the group moves on
+    after = drain(make_service(bus, risk_model_dir, tmp_path / "b", group="run", max_records=40))
+    combined = by_key(before)
+    for key, p in by_key(after).items():
+        assert combined.setdefault(key, p) == p, f"replayed score differs at {key}"
+    assert combined == reference
+    assert min(s.ts for s in after) <= max(s.ts for s in before), "the restart replayed nothing"
+
+
+def test_bad_records_are_dead_lettered_and_scoring_goes_on(sim, risk_model_dir, tmp_path):
+    bus = InMemoryBus(partitions=2)
+    bus.send(Topic.GPU, "node0003", b"{not json")
+    bus.send(Topic.GPU, "node0004", b'{"v":1,"node":"node0004","ts":-5,"gpu":0}')
+    stream(sim, bus)
+    svc = make_service(bus, risk_model_dir, tmp_path)
+    scores = drain(svc)
+    letters = sorted((decode(Topic.DEADLETTER, m.value)[0] for m in bus.messages(Topic.DEADLETTER)),
+                     key=lambda d: d.key)
+    assert [(d.key, d.value) for d in letters] == [("node0003", b"{not json"),
+                                                  ("node0004", b'{"v":1,"node":"node0004","ts":-5,"gpu":0}')]
+    assert "ts" in letters[1].reason
+    assert {"node0003", "node0004"} <= {s.node for s in scores}
+    assert b"foreshock_predictor_dead_letters_total 2.0" in svc.metrics.render()
+
+
+def test_two_members_split_the_nodes_and_one_takes_over_when_the_other_dies(risk_model_dir, tmp_path):
+    first_half, whole = simulator(minutes=25), simulator(minutes=50)
+    bus = InMemoryBus(partitions=4)
+    a = make_service(bus, risk_model_dir, tmp_path, group="pair")
+    b = make_service(bus, risk_model_dir, tmp_path, group="pair")
+    stream(first_half, bus)
+    drain(a, b)
+    a.checkpoint()
+    b.checkpoint()
+    nodes_a, nodes_b = {s.node for s in a.board.latest()}, {s.node for s in b.board.latest()}
+    assert nodes_a and nodes_b and not nodes_a & nodes_b
+    assert nodes_a | nodes_b == set(first_half.node_names)
+    b._stream.consumer.close()  # b dies
+    end = first_half.end_ms
+    publish(bus, [r for r in _stream_to_memory(whole) if r.ts > end])
+    taken = drain(a)
+    late = {s.node for s in taken if s.ts > end + PERIOD}
+    assert late == set(whole.node_names), "the survivor scores every node after the takeover"
+    assert len(a.owned_partitions()) == 4
+
+
+def _stream_to_memory(sim) -> list:
+    bus = InMemoryBus(partitions=1)
+    stream(sim, bus)
+    return sorted((r for topic in (Topic.GPU, Topic.XID, Topic.LINK, Topic.NODE_EVENTS)
+                   for m in bus.messages(topic) for r in decode(topic, m.value)), key=lambda r: r.ts)
+
+
+def test_a_model_for_another_feature_set_is_refused(risk_model_dir, tmp_path):
+    model = RiskModel.load(risk_model_dir)
+    other = tmp_path / "other"
+    RiskModel(model.booster, feature_names=model.feature_names, feature_set_hash="0" * 64,
+              threshold=model.threshold, version="9").save(other)
+    with pytest.raises(ModelMismatchError, match="feature set"):
+        make_service(InMemoryBus(), other, tmp_path)
+
+    class Moving(PathModelSource):
+        def version(self) -> str:
+            return "9"
+
+    svc = make_service(InMemoryBus(), risk_model_dir, tmp_path)
+    svc.models = Moving(other)
+    assert svc.reload_model() is False
+    assert svc.model.feature_set_hash == DEFAULT_FEATURE_SET.hash
+    assert b'foreshock_predictor_model_reloads_total{result="refused"} 1.0' in svc.metrics.render()
+
+
+def test_scoring_a_telemetry_window_and_feature_rows(sim, risk_model_dir, tmp_path):
+    svc = make_service(InMemoryBus(), risk_model_dir, tmp_path, store=False)
+    records = [r for r in _stream_to_memory(sim) if r.ts <= sim.start_ms + 30 * 60_000]
+    scores = svc.score_telemetry(records)
+    assert {s.node for s in scores} == set(sim.node_names)
+    assert {s.ts for s in scores} == {sim.start_ms + 31 * 60_000}
+    batch = compute_features(write_dataset(sim, tmp_path / "ds"))
+    frame = batch[batch["ts"] == scores[0].ts]
+    again = svc.score_rows(frame[svc.model.feature_names])
+    assert np.allclose(sorted(s.probability for s in again), sorted(s.probability for s in scores))
+    with pytest.raises(KeyError):
+        svc.score_rows(pd.DataFrame({"gpu_temp": [1.0]}))
+    assert svc.score_telemetry([GpuSample(node="n", ts=1, gpu=0)]) == []
