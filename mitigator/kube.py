@@ -51,9 +51,8 @@ class KubernetesAdapter:
             field_selector=f"spec.nodeName={node}", label_selector=self.pod_selector
         )
         for pod in pods.items:
-            eviction = client.V1Eviction(
-                metadata=client.V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace)
-            )
+            meta = client.V1ObjectMeta(name=pod.metadata.name, namespace=pod.metadata.namespace)
+            eviction = client.V1Eviction(api_version="policy/v1", kind="Eviction", metadata=meta)
             try:
                 self.api.create_namespaced_pod_eviction(pod.metadata.name, pod.metadata.namespace, eviction)
             except ApiException as exc:

@@ -4,9 +4,9 @@ The expected-loss policy acts when the expected loss of doing nothing, P(fail wi
 (work since the job's last checkpoint + restart) × the job's GPUs, exceeds the cost of acting,
 (checkpoint + migration) × GPUs — the maths lives in :mod:`models.reliability`, not here.
 Hysteresis: a node enters *watch* at ``watch_at``, is mitigated only after ``confirm``
-consecutive records at or above ``watch_at`` for which acting pays off, and returns to *healthy* only after ``clear_after``
-consecutive records below ``clear_below``. A mitigation is a migration plus a drain when every
-safety rail allows it, otherwise a checkpoint only:
+consecutive records at or above ``watch_at`` for which acting pays off, and returns to *healthy*
+only after ``clear_after`` consecutive records below ``clear_below``. A mitigation is a migration
+plus a drain when every safety rail allows it, otherwise a checkpoint only:
 
 * circuit breaker: no new drain once ``breaker_share`` of the fleet was drained within
   ``breaker_window_ms`` (fleet-wide events are rarely node faults);

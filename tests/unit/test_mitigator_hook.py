@@ -1,0 +1,86 @@
+"""TrainingHook in one process (gloo, world size 1): commands, async snapshots, resume, leave.
+
+The multi-agent torchrun path is exercised end to end in tests/e2e/test_drill.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mitigator.channels import Command, FileChannel
+from mitigator.hook import TrainingHook, latest_complete_snapshot
+from mitigator.jobs import FileJobs
+
+
+@pytest.fixture
+def process_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def make(tmp_path, seed: int, **kw):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    hook = TrainingHook("job1", "nodeA", FileChannel(tmp_path / "control"), tmp_path / "ckpt", model=model,
+                        optimizer=optimizer, status_root=tmp_path / "control", **kw)
+    return model, optimizer, hook
+
+
+def train(model, optimizer, hook, steps: range) -> None:
+    for step in steps:
+        loss = model(torch.full((3, 4), float(step))).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        hook.step_end(step + 1)
+
+
+def test_checkpoint_command_snapshots_acks_and_resume_restores_the_state(tmp_path, process_group):
+    model, optimizer, hook = make(tmp_path, seed=0)
+    assert hook.resume() == 0
+    train(model, optimizer, hook, range(0, 3))
+    cmd = Command("checkpoint:nodeA:job1:1", "job1", "checkpoint", "nodeA", 1)
+    FileChannel(tmp_path / "control").send(cmd)
+    train(model, optimizer, hook, range(3, 4))  # sees the command at step 4 and starts an async save
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    train(model, optimizer, hook, range(4, 6))  # training goes on while it writes
+    hook.close()
+    assert latest_complete_snapshot(tmp_path / "ckpt")[0] == 4
+    ack = json.loads((tmp_path / "control" / "job1" / "acks" / f"{cmd.action_id}.json").read_text())
+    assert "step 4" in ack["detail"]
+    [job] = FileJobs(tmp_path / "control").jobs()
+    assert job.nodes == ("nodeA",) and job.last_checkpoint_ms >= ack["ts"] - 5_000
+
+    model2, optimizer2, hook2 = make(tmp_path, seed=123)  # different init: must be overwritten
+    assert hook2.resume() == 4
+    for k, v in model2.state_dict().items():
+        assert torch.equal(v, expected[k]), k
+    assert optimizer2.state_dict()["state"], "momentum buffers restored"
+    assert FileChannel(tmp_path / "control").poll("job1") == []  # acked commands are not replayed
+
+
+def test_periodic_snapshots_keep_only_the_newest(tmp_path, process_group):
+    model, optimizer, hook = make(tmp_path, seed=0, every_steps=2, keep=2)
+    hook.resume()
+    train(model, optimizer, hook, range(0, 9))
+    hook.close()
+    complete = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if (p / "COMPLETE").exists())
+    assert complete == ["step-00000006", "step-00000008"]
+
+
+def test_leave_waits_for_a_durable_snapshot_then_leaves(tmp_path, process_group):
+    left: list[int | None] = []
+    model, optimizer, hook = make(tmp_path, seed=0)
+    hook.leave = lambda: left.append(latest_complete_snapshot(tmp_path / "ckpt")[0])
+    hook.resume()
+    FileChannel(tmp_path / "control").send(Command("migrate:nodeA:job1:7", "job1", "leave", "nodeA", 7))
+    train(model, optimizer, hook, range(0, 2))
+    assert left == [1]  # left at the first step that saw the command, after its snapshot was complete
