@@ -1,0 +1,256 @@
+"""Raw records -> per-node buckets of sufficient statistics: the first step of both engines.
+
+:func:`bucketize` is the only place raw telemetry is read. The batch engine calls it once on
+all records; the online engine calls it on each run of buckets it finalises, carrying the last
+counter value of every GPU and port (:class:`Carry`) from one call to the next, so both see
+the same bucket values. Rules, identical in both engines:
+
+- duplicates (same node, gpu, ts for GPU samples; node, ts, gpu, xid for Xids; node, port,
+  ts for links) keep the last one received;
+- a counter's increase is computed per GPU (per port for links) on ts-sorted samples where the
+  field is present: ``v - prev`` if ``v >= prev``, else ``v`` (a reset counts from zero); the
+  first sample ever seen of a GPU has no increase. The increase lands in the later sample's bucket;
+- within a bucket, samples are ordered by (ts, gpu): ``last`` is the newest present value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+from features.kernels import empty_value
+from features.spec import FeatureSet, Stat
+
+__all__ = ["BucketTable", "Carry", "bucketize", "gpu_columns", "link_columns", "xid_columns"]
+
+_KEY_SHIFT: Final = np.int64(1 << 32)
+Columns = Mapping[str, np.ndarray]
+
+
+@dataclass
+class BucketTable:
+    """Buckets with data, sorted by (node, bucket); ``values[:, j]`` is ``feature_set.stats[j]``."""
+
+    node: np.ndarray
+    bucket: np.ndarray
+    values: np.ndarray
+
+
+@dataclass
+class Carry:
+    """Last seen value of each counter per (node, gpu) and (node, port); NaN = never seen."""
+
+    gpu: np.ndarray = field(default_factory=lambda: np.empty((0, 0, 0)))
+    link: np.ndarray = field(default_factory=lambda: np.empty((0, 0, 0)))
+
+
+def gpu_columns(fs: FeatureSet) -> tuple[str, ...]:
+    """GPU fields the set reads, in stat order."""
+    return tuple(dict.fromkeys(s.field for s in fs.stats if s.source == "gpu"))
+
+
+def link_columns(fs: FeatureSet) -> tuple[str, ...]:
+    """Link counters the set reads (``state`` excluded)."""
+    return tuple(dict.fromkeys(s.field for s in fs.stats if s.source == "link" and s.field != "state"))
+
+
+def xid_columns(fs: FeatureSet) -> tuple[str, ...]:
+    return ("xid", "count")
+
+
+def _grow(a: np.ndarray, n0: int, n1: int, n2: int) -> np.ndarray:
+    if a.shape[0] >= n0 and a.shape[1] >= n1 and a.shape[2] == n2:
+        return a
+    out = np.full((max(n0, a.shape[0]), max(n1, a.shape[1]), n2), np.nan)
+    if a.size:
+        out[: a.shape[0], : a.shape[1]] = a
+    return out
+
+
+def _dedup_last(keys: list[np.ndarray]) -> np.ndarray:
+    """Order sorting rows by ``keys`` (first = primary), keeping the last of equal rows."""
+    order = np.lexsort(keys[::-1])  # stable: equal rows keep their arrival order
+    same = np.ones(len(order), dtype=bool)
+    for k in keys:
+        ks = k[order]
+        same[:-1] &= ks[1:] == ks[:-1]
+    same[-1] = False
+    return order[~same]
+
+
+def _increases(vals: np.ndarray, node: np.ndarray, member: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """Reset-aware increases of counter ``vals`` per (node, member); rows are in ts order per member.
+
+    ``carry[node, member]`` holds the previous value (NaN: none) and is updated in place.
+    """
+    order = np.argsort(node * np.int64(1 << 20) + member, kind="stable")
+    v = vals[order]
+    valid = ~np.isnan(v)
+    vi, gn, gm = v[valid], node[order][valid], member[order][valid]
+    inc = np.zeros(len(vals))
+    if not len(vi):
+        return inc
+    change = (gn[1:] != gn[:-1]) | (gm[1:] != gm[:-1])
+    first, last = np.r_[True, change], np.r_[change, True]
+    prev = np.empty(len(vi))
+    prev[1:] = vi[:-1]
+    prev[first] = carry[gn[first], gm[first]]
+    carry[gn[last], gm[last]] = vi[last]
+    d = np.where(np.isnan(prev), 0.0, np.where(vi >= prev, vi - prev, vi))
+    sorted_inc = np.zeros(len(vals))
+    sorted_inc[valid] = d
+    inc[order] = sorted_inc
+    return inc
+
+
+def _distinct_per_segment(seg: np.ndarray, member: np.ndarray, mask: np.ndarray, nseg: int) -> np.ndarray:
+    """Number of distinct ``member`` values per segment among rows where ``mask``."""
+    pairs = np.unique(seg[mask] * np.int64(1 << 20) + member[mask])
+    return np.bincount(pairs // (1 << 20), minlength=nseg).astype(np.float64)
+
+
+def _segments(node: np.ndarray, bucket: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start index, key and id of each run of equal (node, bucket) in sorted rows."""
+    key = node * _KEY_SHIFT + bucket
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.empty(0, np.int64)
+    seg = np.cumsum(np.r_[False, key[1:] != key[:-1]]) if len(key) else np.empty(0, np.int64)
+    return starts, key[starts], seg
+
+
+def _gpu_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) -> tuple[np.ndarray, dict]:
+    node, ts, gpu = cols["node"], cols["ts"], cols["gpu"]
+    keep = _dedup_last([node, ts, gpu])
+    node, ts, gpu = node[keep], ts[keep], gpu[keep]
+    bucket = ts // fs.bucket_ms
+    starts, keys, seg = _segments(node, bucket)
+    out: dict[Stat, np.ndarray] = {Stat("any", "records", "records"): np.diff(np.r_[starts, len(ts)])}
+    counters = [s.field for s in stats if s.kind in ("inc", "incgpus")]
+    counters = list(dict.fromkeys(counters))
+    inc: dict[str, np.ndarray] = {}
+    if counters and len(ts):
+        carry.gpu = _grow(carry.gpu, int(node.max()) + 1, int(gpu.max()) + 1, len(gpu_columns(fs)))
+        names = gpu_columns(fs)
+        for name in counters:
+            inc[name] = _increases(
+                cols[name][keep].astype(np.float64), node, gpu, carry.gpu[:, :, names.index(name)]
+            )
+    idx = np.arange(len(ts))
+    for s in stats:
+        if s.kind in ("inc", "incgpus"):
+            v = inc.get(s.field, np.zeros(len(ts)))
+            if s.kind == "inc":
+                out[s] = np.add.reduceat(v, starts) if len(ts) else v
+            else:
+                sums_key = seg * np.int64(1 << 20) + gpu
+                uk, inv = np.unique(sums_key, return_inverse=True)
+                tot = np.bincount(inv, weights=v)
+                out[s] = np.bincount((uk // (1 << 20))[tot > s.threshold], minlength=len(starts)).astype(
+                    float
+                )
+            continue
+        v = cols[s.field][keep].astype(np.float64)
+        valid = ~np.isnan(v)
+        if not len(ts):
+            out[s] = v
+        elif s.kind == "n":
+            out[s] = np.add.reduceat(valid.astype(np.float64), starts)
+        elif s.kind == "sum":
+            out[s] = np.add.reduceat(np.where(valid, v, 0.0), starts)
+        elif s.kind == "sumsq":
+            out[s] = np.add.reduceat(np.where(valid, v * v, 0.0), starts)
+        elif s.kind == "max":
+            out[s] = np.maximum.reduceat(np.where(valid, v, -np.inf), starts)
+        elif s.kind == "min":
+            out[s] = np.minimum.reduceat(np.where(valid, v, np.inf), starts)
+        elif s.kind == "last":
+            m = np.maximum.reduceat(np.where(valid, idx, -1), starts)
+            out[s] = np.where(m >= 0, v[np.maximum(m, 0)], np.nan)
+        elif s.kind == "above":
+            out[s] = _distinct_per_segment(seg, gpu, valid & (v > s.threshold), len(starts))
+        else:
+            raise ValueError(f"unknown GPU statistic {s.kind!r}")
+    return keys, out
+
+
+def _xid_part(fs: FeatureSet, cols: Columns, stats: list[Stat]) -> tuple[np.ndarray, dict]:
+    node, ts, gpu, xid = cols["node"], cols["ts"], cols["gpu"], cols["xid"]
+    keep = _dedup_last([node, ts, gpu, xid])
+    node, ts, xid, count = node[keep], ts[keep], xid[keep], cols["count"][keep].astype(np.float64)
+    starts, keys, _ = _segments(node, ts // fs.bucket_ms)
+    out: dict[Stat, np.ndarray] = {Stat("any", "records", "records"): np.diff(np.r_[starts, len(ts)])}
+    names = fs.xid_class_names
+    codes = np.array([c for cs in fs.xid_classes.values() for c in cs], dtype=np.int64)
+    classes = np.array([i for i, cs in enumerate(fs.xid_classes.values()) for _ in cs], dtype=np.int64)
+    order = np.argsort(codes)
+    pos = np.clip(np.searchsorted(codes[order], xid), 0, max(len(codes) - 1, 0))
+    found = codes[order][pos] == xid if len(codes) else np.zeros(len(xid), dtype=bool)
+    cls = np.where(found, classes[order][pos] if len(codes) else 0, len(names) - 1)
+    for s in stats:
+        mine = cls == names.index(s.field)
+        if not len(ts):
+            out[s] = np.zeros(0)
+        elif s.kind == "count":
+            out[s] = np.add.reduceat(np.where(mine, count, 0.0), starts)
+        else:
+            out[s] = np.maximum.reduceat(np.where(mine, ts.astype(np.float64), -np.inf), starts)
+    return keys, out
+
+
+def _link_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) -> tuple[np.ndarray, dict]:
+    node, ts, port = cols["node"], cols["ts"], cols["port"]
+    keep = _dedup_last([node, ts, port])
+    node, ts, port = node[keep], ts[keep], port[keep]
+    starts, keys, seg = _segments(node, ts // fs.bucket_ms)
+    out: dict[Stat, np.ndarray] = {Stat("any", "records", "records"): np.diff(np.r_[starts, len(ts)])}
+    names = link_columns(fs)
+    if names and len(ts):
+        carry.link = _grow(carry.link, int(node.max()) + 1, int(port.max()) + 1, len(names))
+    for s in stats:
+        if not len(ts):
+            out[s] = np.zeros(0)
+        elif s.kind == "down":
+            down = cols["down"][keep]
+            out[s] = _distinct_per_segment(seg, port, down > 0, len(starts))
+        else:
+            v = _increases(
+                cols[s.field][keep].astype(np.float64), node, port, carry.link[:, :, names.index(s.field)]
+            )
+            out[s] = np.add.reduceat(v, starts)
+    return keys, out
+
+
+def bucketize(
+    fs: FeatureSet, gpu: Columns | None, xid: Columns | None, link: Columns | None, carry: Carry
+) -> BucketTable:
+    """Bucket statistics of the given records; updates ``carry`` in place.
+
+    Inputs are numeric column dicts with int node codes (see :mod:`features.frames`). Records
+    are processed as one set: call it once per run of finalised buckets, in time order.
+    """
+    stats = fs.stats
+    parts = []
+    by_source = {src: [s for s in stats if s.source == src] for src in ("gpu", "xid", "link")}
+    if gpu is not None:
+        parts.append(_gpu_part(fs, gpu, carry, by_source["gpu"]))
+    if xid is not None:
+        parts.append(_xid_part(fs, xid, by_source["xid"]))
+    if link is not None:
+        parts.append(_link_part(fs, link, carry, by_source["link"]))
+    all_keys = np.unique(np.concatenate([k for k, _ in parts])) if parts else np.empty(0, np.int64)
+    values = np.empty((len(all_keys), len(stats)))
+    for j, s in enumerate(stats):
+        values[:, j] = empty_value(s)
+    rec = stats.index(fs.records_stat)
+    values[:, rec] = 0.0
+    for keys, out in parts:
+        rows = np.searchsorted(all_keys, keys)
+        for s, v in out.items():
+            j = stats.index(s)
+            if s == fs.records_stat:
+                values[rows, j] += v
+            else:
+                values[rows, j] = v
+    return BucketTable(all_keys // _KEY_SHIFT, all_keys % _KEY_SHIFT, values)

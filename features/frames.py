@@ -1,0 +1,96 @@
+"""Telemetry frames (dataset layout) and contract records -> the numeric columns :func:`bucketize` reads.
+
+Node ids and link ports are strings on the wire; the engines work on dense int codes
+(:class:`Codes`). A link port counts as *down* when it reports a state that does not contain
+``ACTIVE`` (sysfs ``1: DOWN``, ``2: INIT``, ``3: ARMED``); an absent state is unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from features.buckets import gpu_columns, link_columns
+from features.spec import FeatureSet
+from ingest.contract import GpuSample, LinkSample, XidEvent
+
+__all__ = ["KINDS", "Codes", "to_columns", "records_to_frames"]
+
+KINDS: Final = ("gpu", "xid", "link")
+_RECORD_KIND: Final = {GpuSample: "gpu", XidEvent: "xid", LinkSample: "link"}
+
+
+class Codes:
+    """Strings -> dense int codes in first-seen order (grows; never forgets)."""
+
+    def __init__(self, names: Sequence[str] = ()):
+        self.names: list[str] = []
+        self._index: dict[str, int] = {}
+        self.encode(np.asarray(names, dtype=object))
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def encode(self, values: Any) -> np.ndarray:
+        """Codes of ``values`` (array-like of str), adding unseen strings."""
+        codes, uniques = pd.factorize(np.asarray(values, dtype=object))
+        mapped = np.empty(len(uniques), dtype=np.int64)
+        for i, name in enumerate(uniques):
+            code = self._index.get(name)
+            if code is None:
+                code = self._index[name] = len(self.names)
+                self.names.append(name)
+            mapped[i] = code
+        return mapped[codes] if len(codes) else np.empty(0, dtype=np.int64)
+
+    def lookup(self, names: Iterable[str]) -> np.ndarray:
+        """Codes of known names (KeyError for unknown ones)."""
+        return np.array([self._index[n] for n in names], dtype=np.int64)
+
+
+def _float(df: pd.DataFrame, name: str) -> np.ndarray:
+    if name not in df.columns:
+        return np.full(len(df), np.nan)
+    return pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _int(df: pd.DataFrame, name: str, default: int) -> np.ndarray:
+    if name not in df.columns:
+        return np.full(len(df), default, dtype=np.int64)
+    return pd.to_numeric(df[name], errors="coerce").fillna(default).to_numpy(dtype=np.int64)
+
+
+def to_columns(
+    kind: str, df: pd.DataFrame, fs: FeatureSet, nodes: Codes, ports: Codes
+) -> dict[str, np.ndarray]:
+    """Numeric columns of one telemetry frame (columns as in the dataset layout)."""
+    cols = {"node": nodes.encode(df["node"].to_numpy()), "ts": _int(df, "ts", 0)}
+    if kind == "gpu":
+        cols["gpu"] = _int(df, "gpu", 0)
+        cols.update({f: _float(df, f) for f in gpu_columns(fs)})
+    elif kind == "xid":
+        cols.update(gpu=_int(df, "gpu", -1), xid=_int(df, "xid", -1), count=_float(df, "count"))
+        cols["count"] = np.where(np.isnan(cols["count"]), 1.0, cols["count"])
+    elif kind == "link":
+        cols["port"] = ports.encode(df["port"].astype(str).to_numpy())
+        state = df["state"] if "state" in df.columns else pd.Series([None] * len(df), dtype=object)
+        text = state.astype("string").str.upper()
+        cols["down"] = np.where(text.isna(), np.nan, (~text.str.contains("ACTIVE")).astype(float).to_numpy())
+        cols.update({f: _float(df, f) for f in link_columns(fs)})
+    else:
+        raise ValueError(f"unknown telemetry kind {kind!r}")
+    return cols
+
+
+def records_to_frames(records: Iterable[Any]) -> dict[str, pd.DataFrame]:
+    """Group contract records by kind into dataset-layout frames; other record types are ignored."""
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
+    for r in records:
+        kind = _RECORD_KIND.get(type(r))
+        if kind is not None:
+            rows[kind].append(msgspec.structs.asdict(r))
+    return {k: pd.DataFrame(v) for k, v in rows.items() if v}

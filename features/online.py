@@ -1,0 +1,284 @@
+"""The online engine: per-node state updated by micro-batches, features of any node at any moment.
+
+Records wait in a small reorder buffer until the *frontier* passes them: the frontier is the
+bucket boundary at or below ``watermark - tolerance_ms`` (watermark = newest ts seen, over all
+nodes). Buckets behind the frontier are final: their records are bucketized (the same
+:func:`~features.buckets.bucketize` the batch engine runs) into per-node ring buffers that hold
+the last ``max window + history`` buckets of each statistic, so memory per node is bounded. A
+record older than the frontier is *late*: it is counted (:attr:`late_records`) and dropped.
+
+``features_at(t)`` does not change state: it reads the rings, plus the still-open buckets
+bucketized on the side. When every record with ts < floor(t / bucket) * bucket has arrived
+(true once the watermark passes t + tolerance, for streams disordered by at most the
+tolerance), its row for a node equals the batch engine's row at that tick.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from features.buckets import BucketTable, Carry, bucketize
+from features.default_set import DEFAULT_FEATURE_SET
+from features.frames import KINDS, Codes, records_to_frames, to_columns
+from features.kernels import AGGREGATIONS, add_peer_features, empty_value, reduce_direct
+from features.spec import FeatureSet, Stat
+
+__all__ = ["OnlineFeatureEngine"]
+
+_FORMAT: Final = "foreshock-online-features/1"
+
+
+class OnlineFeatureEngine:
+    """Streaming feature state for many nodes. Not thread-safe: one consumer owns it.
+
+    >>> engine = OnlineFeatureEngine(tolerance_ms=30_000)
+    >>> engine.features_at(0).empty
+    True
+    """
+
+    def __init__(
+        self,
+        feature_set: FeatureSet = DEFAULT_FEATURE_SET,
+        tolerance_ms: int = 60_000,
+        history_ms: int = 600_000,
+    ):
+        if tolerance_ms < 0 or history_ms < 0:
+            raise ValueError("tolerance_ms and history_ms must be >= 0")
+        self.feature_set = feature_set
+        self.tolerance_ms = tolerance_ms
+        self.history_ms = history_ms
+        self.late_records = 0
+        self._nodes = Codes()
+        self._ports = Codes()
+        self._carry = Carry()
+        self._frontier: int | None = None
+        self._watermark = -1
+        self._pending: dict[str, list[dict[str, np.ndarray]]] = {k: [] for k in KINDS}
+        stats = feature_set.stats
+        hist = -(-history_ms // feature_set.bucket_ms)
+        lengths = {s: w + hist for s, w in feature_set.stat_windows().items()}
+        self._ring_of: dict[Stat, tuple[int, int]] = {}
+        by_len: dict[int, list[Stat]] = {}
+        for s in stats:
+            by_len.setdefault(lengths[s], []).append(s)
+        for r, group in by_len.items():
+            for i, s in enumerate(group):
+                self._ring_of[s] = (r, i)
+        self._fill = {r: np.array([empty_value(s) for s in group]) for r, group in by_len.items()}
+        self._rings = {r: np.broadcast_to(self._fill[r], (0, r, len(g))).copy() for r, g in by_len.items()}
+
+    # -- updates -----------------------------------------------------------------------------
+    def update(self, records: Any) -> None:
+        """Add contract records (GpuSample, XidEvent, LinkSample; other types are ignored).
+
+        The records form one micro-batch: their order inside it does not matter.
+        """
+        for kind, frame in records_to_frames(records).items():
+            self._add(kind, frame)
+        self._advance_to_watermark()
+
+    def update_frame(self, kind: str, frame: pd.DataFrame) -> None:
+        """Add one micro-batch of ``kind`` (``gpu``, ``xid``, ``link``) in dataset-layout columns."""
+        self._add(kind, frame)
+        self._advance_to_watermark()
+
+    def _add(self, kind: str, frame: pd.DataFrame) -> None:
+        if not len(frame):
+            return
+        cols = to_columns(kind, frame, self.feature_set, self._nodes, self._ports)
+        self._grow(len(self._nodes))
+        if self._frontier is not None:
+            fresh = cols["ts"] >= self._frontier * self.feature_set.bucket_ms
+            if not fresh.all():
+                self.late_records += int((~fresh).sum())
+                cols = {k: v[fresh] for k, v in cols.items()}
+        if len(cols["ts"]):
+            self._pending[kind].append(cols)
+            self._watermark = max(self._watermark, int(cols["ts"].max()))
+
+    def _advance_to_watermark(self) -> None:
+        if self._watermark >= 0:
+            self._advance((self._watermark - self.tolerance_ms) // self.feature_set.bucket_ms)
+
+    def _grow(self, n: int) -> None:
+        for r, ring in self._rings.items():
+            if ring.shape[0] < n:
+                cap = max(n, 2 * ring.shape[0], 16)
+                new = np.broadcast_to(self._fill[r], (cap, r, ring.shape[2])).copy()
+                new[: ring.shape[0]] = ring
+                self._rings[r] = new
+
+    def _take_pending(self, before: int, remove: bool) -> dict[str, dict[str, np.ndarray] | None]:
+        """Pending columns with bucket < ``before``, per kind (removed from the buffer if ``remove``)."""
+        out: dict[str, dict[str, np.ndarray] | None] = {}
+        b = self.feature_set.bucket_ms
+        for kind in KINDS:
+            chunks = self._pending[kind]
+            if not chunks:
+                out[kind] = None
+                continue
+            cols = (
+                {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+                if len(chunks) > 1
+                else chunks[0]
+            )
+            due = cols["ts"] // b < before
+            out[kind] = {k: v[due] for k, v in cols.items()} if due.any() else None
+            if remove:
+                rest = {k: v[~due] for k, v in cols.items()}
+                self._pending[kind] = [rest] if len(rest["ts"]) else []
+        return out
+
+    def _advance(self, target: int) -> None:
+        """Finalise every bucket before ``target``."""
+        if self._frontier is None:
+            firsts = [min(int(c["ts"].min()) for c in chunks) for chunks in self._pending.values() if chunks]
+            self._frontier = min(firsts) // self.feature_set.bucket_ms
+        if target <= self._frontier:
+            return
+        due = self._take_pending(target, remove=True)
+        table = bucketize(self.feature_set, due["gpu"], due["xid"], due["link"], self._carry)
+        for r, ring in self._rings.items():
+            if target - self._frontier >= r:
+                ring[:] = self._fill[r]
+            else:
+                ring[:, np.arange(self._frontier, target) % r] = self._fill[r]
+        stats = self.feature_set.stats
+        for j, s in enumerate(stats):
+            r, i = self._ring_of[s]
+            self._rings[r][table.node, table.bucket % r, i] = table.values[:, j]
+        self._frontier = target
+
+    # -- queries -----------------------------------------------------------------------------
+    def nodes(self) -> list[str]:
+        """Every node seen so far."""
+        return list(self._nodes.names)
+
+    def state_bytes(self) -> int:
+        """Bytes of state: rings, counter carries and the reorder buffer."""
+        pending = sum(v.nbytes for chunks in self._pending.values() for c in chunks for v in c.values())
+        return int(
+            sum(r.nbytes for r in self._rings.values())
+            + self._carry.gpu.nbytes
+            + self._carry.link.nbytes
+            + pending
+        )
+
+    def _window(self, s: Stat, w: int, end: int, open_table: BucketTable) -> np.ndarray:
+        r, i = self._ring_of[s]
+        frontier = self._frontier if self._frontier is not None else end
+        if end - w < frontier - r:
+            raise ValueError(f"window of {s.key} before t is no longer held (history_ms too short)")
+        n = len(self._nodes)
+        idx = np.arange(end - w, end)
+        win = self._rings[r][:n, idx % r, i]
+        newer = idx >= frontier
+        if newer.any():
+            win[:, newer] = self._fill[r][i]
+            rows = (open_table.bucket >= end - w) & (open_table.bucket < end)
+            j = self.feature_set.stats.index(s)
+            win[open_table.node[rows], open_table.bucket[rows] - (end - w)] = open_table.values[rows, j]
+        return win
+
+    def features_at(self, ts: int, nodes: list[str] | None = None) -> pd.DataFrame:
+        """Rows (``node``, ``ts``, features...) of live nodes at ``floor(ts / bucket) * bucket``.
+
+        Peer features compare each node with every live node; ``nodes`` then filters the rows.
+        """
+        fs = self.feature_set
+        b = fs.bucket_ms
+        end = int(ts) // b
+        if self._frontier is None or not len(self._nodes):
+            return pd.DataFrame(columns=["node", "ts", *fs.names])
+        due = self._take_pending(end, remove=False) if end > self._frontier else dict.fromkeys(KINDS)
+        open_table = bucketize(fs, due["gpu"], due["xid"], due["link"], copy.deepcopy(self._carry))
+        cache: dict[tuple[Stat, int], np.ndarray] = {}
+
+        def window(s: Stat, w: int) -> np.ndarray:
+            if (s, w) not in cache:
+                cache[(s, w)] = self._window(s, w, end, open_table)
+            return cache[(s, w)]
+
+        live = reduce_direct("sum", window(fs.records_stat, fs.live_ms // b)) > 0
+        t = np.full(int(live.sum()), float(end * b))
+        columns = {}
+        for f in fs.features:
+            w = f.window_ms // b
+            reduced = [
+                reduce_direct(
+                    r.op, window(r.stat, w)[live], None if r.aux is None else window(r.aux, w)[live]
+                )
+                for r in fs.reductions(f)
+            ]
+            columns[f.name] = AGGREGATIONS[f.agg].finalize(reduced, f, t, b)
+        names = np.asarray(self._nodes.names, dtype=object)[live]
+        table = pd.DataFrame({"node": names, "ts": np.full(len(names), end * b, dtype=np.int64), **columns})
+        table = add_peer_features(table.sort_values("node", ignore_index=True), fs)[["node", "ts", *fs.names]]
+        if nodes is not None:
+            table = table[table["node"].isin(set(nodes))].reset_index(drop=True)
+        return table
+
+    # -- persistence -------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write the whole state to one ``.npz`` (arrays + a JSON header; no pickle)."""
+        meta = {
+            "format": _FORMAT,
+            "feature_set_hash": self.feature_set.hash,
+            "tolerance_ms": self.tolerance_ms,
+            "history_ms": self.history_ms,
+            "frontier": self._frontier,
+            "watermark": self._watermark,
+            "late_records": self.late_records,
+            "rings": sorted(self._rings),
+        }
+        arrays: dict[str, np.ndarray] = {
+            "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+            "nodes": np.asarray(self._nodes.names, dtype=str),
+            "ports": np.asarray(self._ports.names, dtype=str),
+            "carry_gpu": self._carry.gpu,
+            "carry_link": self._carry.link,
+        }
+        n = len(self._nodes)
+        for r, ring in self._rings.items():
+            arrays[f"ring_{r}"] = ring[:n]
+        for kind in KINDS:
+            chunks = self._pending[kind]
+            if chunks:
+                for k in chunks[0]:
+                    arrays[f"pending_{kind}_{k}"] = np.concatenate([c[k] for c in chunks])
+        with open(path, "wb") as fh:
+            np.savez(fh, **arrays)
+
+    @classmethod
+    def load(cls, path: str | Path, feature_set: FeatureSet = DEFAULT_FEATURE_SET) -> OnlineFeatureEngine:
+        """Restore a saved engine; refuses state written for another feature set."""
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(data["meta"].tobytes().decode())
+            if meta.get("format") != _FORMAT:
+                raise ValueError(f"{path}: not an online feature state")
+            if meta["feature_set_hash"] != feature_set.hash:
+                raise ValueError(
+                    f"{path}: state is for feature set {meta['feature_set_hash'][:12]}, "
+                    f"not {feature_set.hash[:12]}"
+                )
+            engine = cls(feature_set, meta["tolerance_ms"], meta["history_ms"])
+            engine._frontier, engine._watermark = meta["frontier"], meta["watermark"]
+            engine.late_records = meta["late_records"]
+            engine._nodes = Codes(data["nodes"].tolist())
+            engine._ports = Codes(data["ports"].tolist())
+            engine._carry = Carry(data["carry_gpu"], data["carry_link"])
+            engine._grow(len(engine._nodes))
+            for r in meta["rings"]:
+                saved = data[f"ring_{r}"]
+                engine._rings[r][: len(saved)] = saved
+            for kind in KINDS:
+                prefix = f"pending_{kind}_"
+                cols = {k[len(prefix) :]: data[k] for k in data.files if k.startswith(prefix)}
+                engine._pending[kind] = [cols] if cols else []
+        return engine
