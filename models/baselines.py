@@ -70,40 +70,71 @@ def _gpu_increments(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
     """Per (node, bucket): reset-aware increases of uncorrectable and SBE counters, summed over GPUs.
 
     Reads the GPU table part by part (never all of it at once) and carries each GPU's last
-    counter value across parts.
+    counter value across parts. A drop is a reset (the new value is the increase); a GPU's first
+    reading is no increase; a missing reading neither adds nor moves the baseline.
     """
+    node_ids: dict[str, int] = {}
     out: list[pd.DataFrame] = []
-    carry: pd.DataFrame | None = None
+    carry_keys = np.empty(0, dtype=np.int64)
+    carry_vals = np.empty((0, 2))
     for path in part_paths(data_dir, "gpu"):
         present = set(pq.read_schema(path).names)
-        counters = [c for c in (*UNCORRECTABLE_COUNTERS, SBE_COUNTER) if c in present]
-        if not counters:
+        groups = [
+            [c for c in UNCORRECTABLE_COUNTERS if c in present],
+            [SBE_COUNTER] if SBE_COUNTER in present else [],
+        ]
+        if not any(groups):
             continue
-        df = pq.read_table(path, columns=["node", "ts", "gpu", *counters]).to_pandas()
-        df["node"] = df["node"].astype(str)
-        df = df.sort_values(["node", "gpu", "ts"], kind="stable").reset_index(drop=True)
-        if carry is not None:
-            df = pd.concat([carry, df], ignore_index=True).sort_values(["node", "gpu", "ts"], kind="stable")
-        values = df[counters].astype("float64")
-        prev = values.groupby([df["node"], df["gpu"]], sort=False).shift(1)
-        diff = values - prev
-        # A drop is a reset (the new value is the increase); a GPU's first reading is no increase.
-        inc = diff.where(diff >= 0, values).where(prev.notna(), 0.0).fillna(0.0)
-        first = df.get("_carry", pd.Series(False, index=df.index)).fillna(False).astype(bool)
-        agg = pd.DataFrame(
-            {
-                "node": df["node"],
-                "ts": _bucket(df["ts"].to_numpy(dtype=np.int64), cadence_ms),
-                "uncorrectable": inc[[c for c in counters if c != SBE_COUNTER]].sum(axis=1),
-                "sbe": inc[SBE_COUNTER] if SBE_COUNTER in counters else 0.0,
-            }
-        )[~first.to_numpy()]
-        out.append(agg.groupby(["node", "ts"], as_index=False, sort=False).sum())
-        last = df.groupby(["node", "gpu"], sort=False).tail(1)
-        carry = last[["node", "gpu", "ts", *counters]].assign(_carry=True)
+        df = pq.read_table(path, columns=["node", "ts", "gpu", *groups[0], *groups[1]]).to_pandas()
+        codes, uniques = pd.factorize(df["node"].astype(str))
+        ids = np.array([node_ids.setdefault(u, len(node_ids)) for u in uniques], dtype=np.int64)
+        key = ids[codes] * 4096 + df["gpu"].to_numpy(dtype=np.int64)
+        ts = df["ts"].to_numpy(dtype=np.int64)
+        vals = np.column_stack(
+            [
+                df[g].astype("float64").sum(axis=1, min_count=1).to_numpy() if g else np.full(len(df), np.nan)
+                for g in groups
+            ]
+        )
+        order = np.lexsort((ts, key))
+        key, ts, vals = key[order], ts[order], vals[order]
+        inc = np.zeros_like(vals)
+        for j in range(vals.shape[1]):
+            v = pd.Series(vals[:, j]).groupby(key).ffill().to_numpy()  # last known value per GPU
+            prev = np.empty_like(v)
+            prev[1:] = v[:-1]
+            first = np.ones(len(key), dtype=bool)
+            first[1:] = key[1:] != key[:-1]
+            prev[first] = np.nan
+            if len(carry_keys):
+                pos = np.minimum(np.searchsorted(carry_keys, key[first]), len(carry_keys) - 1)
+                found = carry_keys[pos] == key[first]
+                prev[first] = np.where(found, carry_vals[pos, j], np.nan)
+            diff = vals[:, j] - prev
+            inc[:, j] = np.nan_to_num(np.where(diff >= 0, diff, np.where(np.isnan(prev), 0.0, vals[:, j])))
+            vals[:, j] = v
+        last = np.ones(len(key), dtype=bool)
+        last[:-1] = key[1:] != key[:-1]
+        known = pd.DataFrame(carry_vals, index=carry_keys)
+        merged = pd.DataFrame(vals[last], index=key[last]).combine_first(known).sort_index()
+        carry_keys, carry_vals = merged.index.to_numpy(dtype=np.int64), merged.to_numpy()
+        out.append(
+            pd.DataFrame(
+                {
+                    "nid": key // 4096,
+                    "ts": _bucket(ts, cadence_ms),
+                    "uncorrectable": inc[:, 0],
+                    "sbe": inc[:, 1],
+                }
+            )
+            .groupby(["nid", "ts"], as_index=False)
+            .sum()
+        )
     if not out:
-        return pd.DataFrame({"node": [], "ts": [], "uncorrectable": [], "sbe": []})
-    return pd.concat(out, ignore_index=True).groupby(["node", "ts"], as_index=False).sum()
+        return pd.DataFrame({"node": pd.Series(dtype=str), "ts": [], "uncorrectable": [], "sbe": []})
+    agg = pd.concat(out, ignore_index=True).groupby(["nid", "ts"], as_index=False).sum()
+    names = np.array(list(node_ids), dtype=object)
+    return agg.assign(node=names[agg["nid"].to_numpy()]).drop(columns="nid")
 
 
 def _critical_xids(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
@@ -173,7 +204,7 @@ def rule_scores(frame: pd.DataFrame) -> np.ndarray:
 class LogisticBaseline:
     """Logistic regression on the model's features; fitted state is plain numbers (JSON-safe)."""
 
-    def __init__(self, feature_names: list[str], max_rows: int = 400_000, seed: int = 0) -> None:
+    def __init__(self, feature_names: list[str], max_rows: int = 100_000, seed: int = 0) -> None:
         self.feature_names = list(feature_names)
         self.max_rows = max_rows
         self.seed = seed
@@ -194,7 +225,7 @@ class LogisticBaseline:
         x = np.where(np.isnan(x), median, x)
         mean, scale = x.mean(axis=0), x.std(axis=0)
         scale[scale == 0] = 1.0
-        clf = LogisticRegression(class_weight="balanced", max_iter=500, C=1.0)
+        clf = LogisticRegression(class_weight="balanced", max_iter=200, C=1.0)
         clf.fit((x - mean) / scale, y)
         self.median_, self.mean_, self.scale_ = median, mean, scale
         self.coef_, self.intercept_ = clf.coef_[0], float(clf.intercept_[0])

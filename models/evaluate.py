@@ -68,15 +68,24 @@ def evaluate(
     *,
     data: LabelledData | None = None,
     feature_set: Any = None,
+    dask_address: str | None = None,
 ) -> dict[str, Any]:
     """Score every row of another dataset with the model and its baselines; write ``metrics.json``,
     ``report.md`` and plots to ``out_dir``; return the metrics (``metrics.json``'s content).
 
     The whole dataset is the evaluation set (nothing of it was seen in training, by the caller's
-    choice of dataset). ``data`` skips feature computation when the caller already has the frame.
+    choice of dataset). ``data`` skips feature computation when the caller already has the frame;
+    ``dask_address`` computes the features on that Dask cluster.
     """
     if data is None:
-        data = build_labelled(data_dir, model.horizon_minutes * 60_000, feature_set=feature_set)
+        cadence_ms = int(model.metrics.get("training", {}).get("cadence_ms", 60_000))
+        data = build_labelled(
+            data_dir,
+            model.horizon_minutes * 60_000,
+            cadence_ms,
+            feature_set=feature_set,
+            dask_address=dask_address,
+        )
     if data.feature_set_hash != model.feature_set_hash:
         raise ValueError(
             f"model was trained on feature set {model.feature_set_hash}, data has {data.feature_set_hash}"

@@ -58,16 +58,24 @@ def build_labelled(
     cadence_ms: int = 60_000,
     feature_set: Any = None,
     features: pd.DataFrame | None = None,
+    dask_address: str | None = None,
 ) -> LabelledData:
     """Compute features (or take ``features``: node, ts, feature columns), label them, and attach
-    the rule evidence. ``feature_set`` defaults to ``features.DEFAULT_FEATURE_SET``."""
+    the rule evidence. ``feature_set`` defaults to ``features.DEFAULT_FEATURE_SET``. With a Dask
+    scheduler address the features are computed there, a group of nodes per task, so the raw
+    telemetry never has to fit in this process."""
     manifest = read_manifest(data_dir)
     if features is None:
         from features import DEFAULT_FEATURE_SET
-        from features.batch import compute_features
+        from features.batch import compute_features, compute_features_dask
 
         feature_set = feature_set if feature_set is not None else DEFAULT_FEATURE_SET
-        features = compute_features(data_dir, feature_set=feature_set, cadence_ms=cadence_ms)
+        if dask_address is None:
+            features = compute_features(data_dir, feature_set=feature_set, cadence_ms=cadence_ms)
+        else:
+            features = compute_features_dask(
+                data_dir, dask_address, feature_set=feature_set, cadence_ms=cadence_ms
+            )
         names, fs_hash = list(feature_set.names), str(feature_set.hash)
     else:
         names = [c for c in features.columns if c not in ("node", "ts")]

@@ -34,9 +34,12 @@ def failures(events: pd.DataFrame) -> pd.DataFrame:
 
 def _asof(rows: pd.DataFrame, right: pd.DataFrame, direction: str, exact: bool) -> pd.DataFrame:
     """merge_asof on (node, ts) that keeps ``rows``' order and index."""
-    left = rows[["node", "ts"]].assign(_row=np.arange(len(rows)), ts=rows["ts"].astype("int64"))
+    left = rows[["node", "ts"]].assign(
+        _row=np.arange(len(rows)), ts=rows["ts"].astype("int64"), node=rows["node"].astype(str)
+    )
     left = left.sort_values("ts", kind="stable")
-    right = right.assign(ts=right["ts"].astype("int64")).sort_values("ts", kind="stable")
+    right = right.assign(ts=right["ts"].astype("int64"), node=right["node"].astype(str))
+    right = right.sort_values("ts", kind="stable")
     merged = pd.merge_asof(
         left, right, on="ts", by="node", direction=direction, allow_exact_matches=exact, suffixes=("", "_r")
     )

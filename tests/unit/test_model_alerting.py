@@ -1,0 +1,85 @@
+"""Alert episodes, false alarms, per-failure recall and lead time, and the budget threshold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from models.alerting import EvalRows
+
+MIN = 60_000
+
+
+def _frame():
+    """Two nodes x 100 minutes. n0 fails at minute 100 (rows 40..99 positive); n1 never fails."""
+    rows = []
+    for node in ("n0", "n1"):
+        for m in range(100):
+            positive = node == "n0" and m >= 40
+            rows.append(
+                (
+                    node,
+                    m * MIN,
+                    int(positive),
+                    100 * MIN if positive else pd.NA,
+                    "gpu" if positive else None,
+                    True if positive else None,
+                )
+            )
+    return pd.DataFrame(rows, columns=["node", "ts", "label", "failure_ts", "cause", "detectable"])
+
+
+def _score(frame, alerting):
+    """1.0 on the (node, minute) pairs given, 0 elsewhere."""
+    keys = set(alerting)
+    return np.array(
+        [1.0 if (n, t // MIN) in keys else 0.0 for n, t in zip(frame["node"], frame["ts"], strict=True)]
+    )
+
+
+def test_episodes_false_alarms_and_lead_time():
+    rows = EvalRows(_frame().sample(frac=1.0, random_state=0), MIN)  # input order does not matter
+    alerting = [("n0", m) for m in range(10, 13)]  # false alarm: n0 does not fail within H of these
+    alerting += [("n0", m) for m in range(70, 75)]  # true alarm, lead 30 min
+    alerting += [("n1", m) for m in (5, 6, 50)]  # two false alarms on n1
+    m = rows.at_threshold(_score(rows.frame, alerting), 0.5)
+    assert (m["alert_episodes"], m["false_alarms"]) == (4, 3)
+    assert m["failures"] == 1 and m["caught"] == 1 and m["recall_at_budget"] == 1.0
+    assert m["lead_minutes"] == [30.0] and m["median_lead_minutes"] == 30.0
+    assert m["precision_at_budget"] == 0.25
+    assert np.isclose(m["false_alarms_per_1000_node_days"], 3 / (200 / 1440) * 1000)
+    assert m["recall_by_cause"] == {"gpu": {"failures": 1, "caught": 1, "recall": 1.0}}
+    assert m["recall_by_detectability"]["detectable"]["recall"] == 1.0
+    assert m["row_recall_at_budget"] == 5 / 60
+
+
+def test_an_episode_that_reaches_into_the_horizon_is_true_and_gaps_split_episodes():
+    frame = _frame()
+    frame = frame[~((frame["node"] == "n1") & (frame["ts"] == 51 * MIN))]  # a gap in n1's rows
+    rows = EvalRows(frame, MIN)
+    alerting = [("n0", m) for m in range(30, 45)]  # starts before the horizon, ends inside it
+    alerting += [("n1", m) for m in range(49, 54)]  # split in two by the gap
+    m = rows.at_threshold(_score(rows.frame, alerting), 0.5)
+    assert (m["alert_episodes"], m["false_alarms"]) == (3, 2)
+    assert m["lead_minutes"] == [60.0]  # first alerting row inside [f - H, f)
+
+
+def test_missed_failure_and_no_alerts():
+    rows = EvalRows(_frame(), MIN)
+    m = rows.at_threshold(np.zeros(len(rows.frame)), 0.5)
+    assert m["recall_at_budget"] == 0.0 and m["alert_episodes"] == 0 and m["precision_at_budget"] is None
+    assert m["median_lead_minutes"] is None
+
+
+def test_budget_threshold_is_the_lowest_within_budget():
+    rows = EvalRows(_frame(), MIN)
+    rng = np.random.default_rng(0)
+    score = rng.uniform(0, 0.5, len(rows.frame))
+    score[rows.label == 1] += 0.3  # failures rank higher, with overlap
+    for budget in (0.0, 10.0, 50.0, 200.0):
+        thr = rows.threshold_for_budget(score, budget)
+        assert rows.false_alarm_rate(score >= thr) <= budget
+        lower = np.max(score[score < thr]) if (score < thr).any() else None
+        if lower is not None and budget < 200:
+            assert rows.false_alarm_rate(score >= lower) > budget or thr == np.min(score)
+    assert rows.threshold_for_budget(score, 0.0) >= rows.threshold_for_budget(score, 200.0)

@@ -1,0 +1,69 @@
+"""Baselines: health-checker rules from raw telemetry and the JSON-only logistic regression."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from models.baselines import LogisticBaseline, rule_inputs, rule_scores
+
+MIN = 60_000
+
+
+def _dataset(tmp_path, gpu: pd.DataFrame, xid: pd.DataFrame):
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "xid").mkdir()
+    half = len(gpu) // 2
+    gpu.iloc[:half].to_parquet(tmp_path / "gpu" / "part-00000.parquet")
+    gpu.iloc[half:].to_parquet(tmp_path / "gpu" / "part-00001.parquet")
+    xid.to_parquet(tmp_path / "xid" / "part-00000.parquet")
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1}))
+    return tmp_path
+
+
+def test_rule_inputs_count_increases_across_parts_resets_and_windows(tmp_path):
+    ts = np.arange(0, 40) * MIN
+    sbe = np.arange(40, dtype=float) * 2 + 1000  # +2 per minute from a large starting count
+    sbe[30:] = np.arange(10) * 2 + 2  # counter reset at minute 30 (it restarts from 0 and counts 2)
+    gpu = pd.DataFrame(
+        {
+            "node": "n0",
+            "ts": ts,
+            "gpu": 0,
+            "ecc_sbe_vol_total": sbe,
+            "ecc_dbe_vol_total": np.where(ts >= 25 * MIN, 1.0, 0.0),
+        }
+    )
+    xid = pd.DataFrame(
+        {"node": ["n0", "n0"], "ts": [5 * MIN, 6 * MIN], "gpu": 0, "xid": [79, 13], "count": [1, 1]}
+    )
+    d = _dataset(tmp_path, gpu, xid)
+    rows = pd.DataFrame({"node": "n0", "ts": np.array([0, 5, 14, 15, 20, 25, 34, 35]) * MIN})
+    got = rule_inputs(d, rows, MIN, window_ms=10 * MIN).set_index(rows["ts"] // MIN)
+    # the first reading is no increase; 2 per minute afterwards; the reset counts its new value
+    assert got.loc[0, "rule_sbe_per_min"] == 0
+    assert got.loc[20, "rule_sbe_per_min"] == 2.0
+    assert got.loc[34, "rule_sbe_per_min"] == 2.0
+    # xid 79 is critical, 13 is not; the window is (t - 10 min, t]
+    assert got.loc[5, "rule_critical"] == 1 and got.loc[14, "rule_critical"] == 1
+    assert got.loc[15, "rule_critical"] == 0 and got.loc[20, "rule_critical"] == 0
+    # an uncorrectable ECC increase at minute 25 counts until minute 34
+    assert got.loc[25, "rule_critical"] == 1 and got.loc[34, "rule_critical"] == 1
+    assert got.loc[35, "rule_critical"] == 0
+    scores = rule_scores(got)
+    assert scores[got["rule_critical"].to_numpy() > 0].min() == 1.0
+    assert scores[got["rule_critical"].to_numpy() == 0].max() < 1.0
+
+
+def test_logistic_round_trips_through_json_and_ranks_the_signal():
+    rng = np.random.default_rng(0)
+    x = pd.DataFrame({"a": rng.normal(size=4000), "b": rng.normal(size=4000)})
+    x.loc[::7, "b"] = np.nan
+    y = (x["a"] + rng.normal(scale=0.5, size=len(x)) > 1.5).astype(int).to_numpy()
+    lr = LogisticBaseline(["a", "b"]).fit(x, y)
+    again = LogisticBaseline.from_json(json.loads(json.dumps(lr.to_json())))
+    assert np.allclose(again.score(x), lr.score(x))
+    assert abs(lr.coef_[0]) > 5 * abs(lr.coef_[1])
+    assert np.isfinite(lr.score(x)).all()

@@ -1,0 +1,104 @@
+"""Labels and splits: what counts as positive, which rows are left out, and time order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from models.labels import label_rows
+from models.splits import make_split
+
+MIN = 60_000
+H = 60 * MIN
+
+
+def _rows(node: str, minutes: range) -> pd.DataFrame:
+    return pd.DataFrame({"node": node, "ts": [m * MIN for m in minutes], "x": 0.0})
+
+
+def _events(*rows) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=["node", "ts", "event", "cause", "detectable"])
+
+
+def test_positive_exactly_when_failure_in_open_closed_horizon():
+    rows = _rows("n0", range(0, 400))
+    events = _events(("n0", 200 * MIN, "failed", "gpu", True), ("n0", 300 * MIN, "repaired", None, None))
+    out = label_rows(rows, events, H).set_index("ts")
+    assert out.loc[140 * MIN, "label"] == 1  # failure exactly at t + H is inside (t, t+H]
+    assert out.loc[139 * MIN, "label"] == 0
+    assert out.loc[199 * MIN, "label"] == 1
+    assert out.loc[199 * MIN, "cause"] == "gpu" and out.loc[199 * MIN, "detectable"] is True
+    assert out.loc[139 * MIN, "cause"] is None or pd.isna(out.loc[139 * MIN, "cause"])
+    # the failure instant and the down period are left out; the repair instant is back in
+    assert 200 * MIN not in out.index and 299 * MIN not in out.index
+    assert out.loc[300 * MIN, "label"] == 0
+    assert (out["label"] == 1).sum() == 60
+
+
+def test_down_and_drained_rows_left_out_and_other_nodes_untouched():
+    rows = pd.concat([_rows("n0", range(0, 200)), _rows("n1", range(0, 200))])
+    events = _events(
+        ("n0", 10 * MIN, "drained", None, None),
+        ("n0", 20 * MIN, "up", None, None),
+        ("n1", 50 * MIN, "down", None, None),
+    )
+    out = label_rows(rows, events, H, end_ms=400 * MIN)
+    n0 = set(out.loc[out["node"] == "n0", "ts"] // MIN)
+    n1 = set(out.loc[out["node"] == "n1", "ts"] // MIN)
+    assert n0 == set(range(200)) - set(range(10, 20))
+    assert n1 == set(range(50))
+    assert out["label"].sum() == 0
+
+
+def test_last_horizon_is_censored():
+    rows = _rows("n0", range(0, 200))
+    out = label_rows(rows, _events(), H, end_ms=199 * MIN)
+    assert out["ts"].max() == 139 * MIN
+
+
+def test_failure_xid_at_the_failure_instant_is_invisible_to_labelled_rows(tmp_path):
+    """Rule evidence (raw telemetry at or before t) never shows the failure's own fatal Xid."""
+    import json
+
+    from models.baselines import rule_inputs
+
+    (tmp_path / "xid").mkdir()
+    (tmp_path / "gpu").mkdir()
+    pd.DataFrame({"node": ["n0"], "ts": [200 * MIN], "gpu": [0], "xid": [79], "count": [1]}).to_parquet(
+        tmp_path / "xid" / "part-00000.parquet"
+    )
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1}))
+    events = _events(("n0", 200 * MIN, "failed", "gpu", True), ("n0", 300 * MIN, "repaired", None, None))
+    out = label_rows(_rows("n0", range(0, 400)), events, H)
+    evidence = rule_inputs(tmp_path, out, MIN)
+    assert evidence.loc[out["label"] == 1, "rule_critical"].eq(0).all()
+    # while a row at the failure instant would have seen it
+    at_failure = rule_inputs(tmp_path, _rows("n0", range(200, 201)), MIN)
+    assert at_failure["rule_critical"].iloc[0] == 1
+
+
+def test_rows_that_already_carry_labels_are_refused():
+    with pytest.raises(ValueError):
+        label_rows(_rows("n0", range(3)).assign(label=1), _events(), H)
+
+
+def test_split_is_time_ordered_purged_and_holds_out_nodes():
+    nodes = [f"node{i:04d}" for i in range(40)]
+    rows = pd.concat([_rows(n, range(0, 1000)) for n in nodes], ignore_index=True)
+    split = make_split(rows, H, holdout_fraction=0.2)
+    masks = split.masks(rows)
+    ts = rows["ts"].to_numpy()
+    assert ts[masks["train"]].max() < split.val_start_ms - H + 1
+    assert ts[masks["val"]].min() >= split.val_start_ms
+    assert ts[masks["val"]].max() < split.test_start_ms - H + 1
+    assert ts[masks["test"]].min() >= split.test_start_ms
+    assert not (masks["train"] & masks["val"]).any() and not (masks["val"] & masks["test"]).any()
+    held = rows.loc[masks["test_unseen_nodes"], "node"].unique()
+    assert 0 < len(held) < len(nodes)
+    assert not rows.loc[masks["train"] | masks["val"], "node"].isin(held).any()
+    assert set(held) == set(split.holdout_nodes)
+    # the held-out set depends on node ids only
+    again = make_split(rows.sample(frac=1.0, random_state=1), H, holdout_fraction=0.2)
+    assert again.holdout_nodes == split.holdout_nodes
+    assert np.all(np.diff(np.sort(ts[masks["train"]])) >= 0)
