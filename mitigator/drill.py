@@ -66,6 +66,7 @@ class ScenarioResult:
     seconds_lost: float
     downtime_seconds: float
     alert_to_snapshot_seconds: float | None
+    alert_to_resumed_seconds: float | None
     resumed_nodes: tuple[str, ...]
 
 
@@ -194,9 +195,9 @@ def run_scenario(work: Path, warned: bool, settings: DrillSettings | None = None
         c.start("C", host=False)  # joins the redundancy list: the spare
         event_step = s.every + s.event_after_steps
         c.wait_for(f"step {event_step}", lambda ev: _max_step(ev) >= event_step, deadline)
-        alert_to_snapshot = None
+        alert_ms = None
         if warned:
-            failure_ms, alert_to_snapshot = _warn_and_migrate(c, deadline)
+            alert_ms, failure_ms = _warn_and_migrate(c, deadline)
             c.procs["B"].wait(timeout=max(1.0, deadline - time.monotonic()))
         else:
             failure_ms = now_ms()
@@ -221,11 +222,11 @@ def run_scenario(work: Path, warned: bool, settings: DrillSettings | None = None
         resume = c.wait_for("training resumed on A and C", resumed, deadline)
     finally:
         c.stop()
-    return _measure(_read(c.progress), resume, failure_ms, warned, alert_to_snapshot)
+    return _measure(_read(c.progress), resume, failure_ms, warned, alert_ms)
 
 
-def _warn_and_migrate(c: _Cluster, deadline: float) -> tuple[int, float]:
-    """Rising risk on B through the real mitigator; returns (B left at ms, alert → snapshot seconds)."""
+def _warn_and_migrate(c: _Cluster, deadline: float) -> tuple[int, int]:
+    """Rising risk on B through the real mitigator; returns (alert ms, snapshot durable / B left ms)."""
     bus = InMemoryBus()
     channel = FileChannel(c.control)
     engine = MitigationEngine(
@@ -249,20 +250,7 @@ def _warn_and_migrate(c: _Cluster, deadline: float) -> tuple[int, float]:
             ts = now_ms()
             alert = p >= 0.8
             alert_ms = alert_ms or (ts if alert else 0)
-            publish(
-                bus,
-                [
-                    RiskScore(
-                        node="B",
-                        ts=ts,
-                        probability=p,
-                        alert=alert,
-                        threshold=0.8,
-                        horizon_minutes=60,
-                        model_version="drill",
-                    )
-                ],
-            )
+            publish(bus, [RiskScore(node="B", ts=ts, probability=p, alert=alert, threshold=0.8)])
             time.sleep(0.05)
         while not any(o.action.kind == "drain" for o in service.outcomes):
             if time.monotonic() > deadline:
@@ -276,11 +264,11 @@ def _warn_and_migrate(c: _Cluster, deadline: float) -> tuple[int, float]:
     if not migrate.succeeded:
         raise RuntimeError(f"drill: migration failed: {migrate.detail}")
     ack = json.loads((c.control / JOB / "acks" / f"{migrate.action.action_id}.json").read_text())
-    return ack["ts"], (ack["ts"] - alert_ms) / 1000
+    return alert_ms, ack["ts"]
 
 
 def _measure(
-    ev: list[dict], resume: dict, failure_ms: int, warned: bool, alert_to_snapshot: float | None
+    ev: list[dict], resume: dict, failure_ms: int, warned: bool, alert_ms: int | None
 ) -> ScenarioResult:
     before = [e for e in ev if e["event"] == "step" and e["ts_ms"] < resume["ts_ms"]]
     last = max(e["step"] for e in before)
@@ -298,7 +286,8 @@ def _measure(
         steps_lost=last - start,
         seconds_lost=round((first_seen[last] - start_ms) / 1000, 3) if last > start else 0.0,
         downtime_seconds=round((min(after) - failure_ms) / 1000, 3),
-        alert_to_snapshot_seconds=None if alert_to_snapshot is None else round(alert_to_snapshot, 3),
+        alert_to_snapshot_seconds=None if alert_ms is None else round((failure_ms - alert_ms) / 1000, 3),
+        alert_to_resumed_seconds=None if alert_ms is None else round((min(after) - alert_ms) / 1000, 3),
         resumed_nodes=nodes,
     )
 

@@ -37,6 +37,7 @@ class MitigationEngine:
         self.fleet_size = fleet_size
         self.views: dict[str, NodeView] = {n: NodeView() for n in self.config.spare_nodes}
         self._drains: list[int] = []
+        self._last_ts: dict[str, int] = {}  # newest risk record seen per node (replays are ignored)
         self._reserved: dict[str, str] = {}  # spare -> node whose migration it was promised to
 
     def state(self, node: str) -> NodeState:
@@ -45,13 +46,14 @@ class MitigationEngine:
     def observe(self, record: RiskScore) -> Plan:
         """Plan for one risk record (an empty plan for a stale or replayed record)."""
         current = self.views.get(record.node, NodeView())
-        if record.ts <= current.last_ts:
+        if record.ts <= self._last_ts.get(record.node, -1):
             return Plan(record.node, current)
+        self._last_ts[record.node] = record.ts
         window_start = record.ts - self.config.breaker_window_ms
         self._drains = [t for t in self._drains if t > window_start]
         ctx = PolicyContext(
             record=record,
-            nodes=MappingProxyType(dict(self.views)),
+            nodes=MappingProxyType(self.views),  # read-only view; the policy runs before any change
             jobs=tuple(self.job_source.jobs()),
             recent_drains=tuple(self._drains),
             fleet_size=self.fleet_size or max(len(self.views) + (record.node not in self.views), 1),

@@ -8,7 +8,8 @@ file command channel uses. :class:`StaticJobs` is a fixed list.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol
@@ -39,15 +40,24 @@ def write_job_status(root: str | Path, view: JobView) -> None:
 
 
 class FileJobs:
-    """Jobs as published by their hooks under ``root``."""
+    """Jobs as published by their hooks under ``root``, re-read at most every ``max_age_s``."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, max_age_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
         self.root = Path(root)
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self._cache: tuple[float, Sequence[JobView]] | None = None
 
     def jobs(self) -> Sequence[JobView]:
+        now = self.clock()
+        if self._cache is None or now - self._cache[0] >= self.max_age_s:
+            self._cache = (now, self._read())
+        return self._cache[1]
+
+    def _read(self) -> Sequence[JobView]:
         out = []
         for path in sorted(self.root.glob("*/job.json")):
             raw = json.loads(path.read_text())
             raw["nodes"] = tuple(raw["nodes"])
             out.append(JobView(**raw))
-        return out
+        return tuple(out)

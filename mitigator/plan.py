@@ -48,7 +48,6 @@ class NodeView:
     """
 
     state: NodeState = NodeState.HEALTHY
-    last_ts: int = -1
     hot: int = 0
     cool: int = 0
     trigger_ts: int = 0

@@ -87,12 +87,14 @@ class ExpectedLossPolicy:
 
     def __call__(self, ctx: PolicyContext) -> Plan:
         r, c = ctx.record, self.config
-        view = replace(ctx.view(r.node), last_ts=r.ts)
+        view = ctx.view(r.node)
+        elevated = r.probability >= c.watch_at or r.alert
         if view.pinned or view.state in (NodeState.DRAINED, NodeState.REPAIRED):
             return Plan(r.node, view)
+        if view.state is NodeState.HEALTHY and not elevated:
+            return Plan(r.node, view)  # the common case: nothing to remember, nothing to do
         job = ctx.job_of(r.node)
-        pays, why = self._pays(r, job)
-        pays = pays and (r.probability >= c.watch_at or r.alert)  # below the watch level nothing counts
+        pays = elevated and self._pays(r, job)  # below the watch level nothing counts
         view = replace(
             view, hot=view.hot + 1 if pays else 0, cool=view.cool + 1 if r.probability < c.clear_below else 0
         )
@@ -112,20 +114,26 @@ class ExpectedLossPolicy:
             )
         if view.state is NodeState.WATCH and view.hot >= c.confirm:
             view = replace(view, state=NodeState.MITIGATING, trigger_ts=r.ts)
-            return self._mitigate(ctx, view, job, why)
+            return self._mitigate(ctx, view, job, self._why(r, job))
         if view.state is NodeState.MITIGATING and not view.draining and pays:
-            return self._mitigate(ctx, view, job, why, upgrade_only=True)
+            return self._mitigate(ctx, view, job, self._why(r, job), upgrade_only=True)
         return Plan(r.node, view)
 
-    def _pays(self, r: RiskScore, job: JobView | None) -> tuple[bool, str]:
+    def _pays(self, r: RiskScore, job: JobView | None) -> bool:
         if job is None:  # an idle node: moving it out costs nothing, so an alert is enough
-            return r.alert, "idle node on alert"
+            return r.alert
+        c = self.config
+        since_s = max(0.0, (r.ts - job.last_checkpoint_ms) / 1000)
+        return should_mitigate(r.probability, since_s, c.restart_s, job.checkpoint_s, c.migration_s, job.gpus)
+
+    def _why(self, r: RiskScore, job: JobView | None) -> str:
+        if job is None:
+            return f"p={r.probability:.2f}, idle node on alert"
         c = self.config
         since_s = max(0.0, (r.ts - job.last_checkpoint_ms) / 1000)
         loss = expected_crash_loss_gpu_seconds(r.probability, since_s, c.restart_s, job.gpus)
         cost = mitigation_cost_gpu_seconds(job.checkpoint_s, c.migration_s, job.gpus)
-        pays = should_mitigate(r.probability, since_s, c.restart_s, job.checkpoint_s, c.migration_s, job.gpus)
-        return pays, f"p={r.probability:.2f} expected loss {loss:.0f} GPU-s vs cost {cost:.0f} GPU-s"
+        return f"p={r.probability:.2f} expected loss {loss:.0f} GPU-s vs cost {cost:.0f} GPU-s"
 
     def _mitigate(
         self, ctx: PolicyContext, view: NodeView, job: JobView | None, why: str, upgrade_only: bool = False
