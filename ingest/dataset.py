@@ -41,21 +41,49 @@ __all__ = [
 
 SCHEMA_VERSION: Final = 1
 TABLES: Final = ("gpu", "xid", "link")
-MANIFEST_KEYS: Final = ("schema_version", "profile", "nodes", "gpus_per_node", "start_ms", "end_ms",
-                        "interval_ms", "seed")
+MANIFEST_KEYS: Final = (
+    "schema_version",
+    "profile",
+    "nodes",
+    "gpus_per_node",
+    "start_ms",
+    "end_ms",
+    "interval_ms",
+    "seed",
+)
 
-XID_SCHEMA: Final = pa.schema([
-    ("node", pa.string()), ("ts", pa.int64()), ("gpu", pa.int64()), ("xid", pa.int64()),
-    ("count", pa.int64()), ("message", pa.string()), ("pci_bus_id", pa.string()),
-])
-EVENT_SCHEMA: Final = pa.schema([
-    ("node", pa.string()), ("ts", pa.int64()), ("event", pa.string()), ("cause", pa.string()),
-    ("detectable", pa.bool_()), ("detail", pa.string()),
-])
-GROUND_TRUTH_SCHEMA: Final = pa.schema([
-    ("node", pa.string()), ("ts", pa.int64()), ("cause", pa.string()), ("detectable", pa.bool_()),
-    ("precursor", pa.string()), ("precursor_start_ms", pa.int64()), ("repair_ts", pa.int64()),
-])
+XID_SCHEMA: Final = pa.schema(
+    [
+        ("node", pa.string()),
+        ("ts", pa.int64()),
+        ("gpu", pa.int64()),
+        ("xid", pa.int64()),
+        ("count", pa.int64()),
+        ("message", pa.string()),
+        ("pci_bus_id", pa.string()),
+    ]
+)
+EVENT_SCHEMA: Final = pa.schema(
+    [
+        ("node", pa.string()),
+        ("ts", pa.int64()),
+        ("event", pa.string()),
+        ("cause", pa.string()),
+        ("detectable", pa.bool_()),
+        ("detail", pa.string()),
+    ]
+)
+GROUND_TRUTH_SCHEMA: Final = pa.schema(
+    [
+        ("node", pa.string()),
+        ("ts", pa.int64()),
+        ("cause", pa.string()),
+        ("detectable", pa.bool_()),
+        ("precursor", pa.string()),
+        ("precursor_start_ms", pa.int64()),
+        ("repair_ts", pa.int64()),
+    ]
+)
 _LEADING: Final[dict[str, tuple[str, ...]]] = {
     "gpu": ("node", "ts", "gpu"),
     "xid": tuple(XID_SCHEMA.names),
@@ -92,10 +120,14 @@ def _empty_schema(table: str) -> pa.Schema:
     if table == "xid":
         return XID_SCHEMA
     if table == "gpu":
-        return pa.schema([("node", pa.string()), ("ts", pa.int64()), ("gpu", pa.int64())]
-                         + [(f, pa.float64()) for f in GPU_FIELDS])
-    return pa.schema([(c, pa.string()) if c != "ts" else (c, pa.int64()) for c in _LEADING["link"]]
-                     + [(f, pa.int64()) for f in LINK_COUNTERS])
+        return pa.schema(
+            [("node", pa.string()), ("ts", pa.int64()), ("gpu", pa.int64())]
+            + [(f, pa.float64()) for f in GPU_FIELDS]
+        )
+    return pa.schema(
+        [(c, pa.string()) if c != "ts" else (c, pa.int64()) for c in _LEADING["link"]]
+        + [(f, pa.int64()) for f in LINK_COUNTERS]
+    )
 
 
 def _to_pandas(table: pa.Table) -> pd.DataFrame:
@@ -106,8 +138,13 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
     return table.to_pandas()
 
 
-def read_table(directory: str | Path, table: str, columns: Sequence[str] | None = None,
-               start_ms: int | None = None, end_ms: int | None = None) -> pd.DataFrame:
+def read_table(
+    directory: str | Path,
+    table: str,
+    columns: Sequence[str] | None = None,
+    start_ms: int | None = None,
+    end_ms: int | None = None,
+) -> pd.DataFrame:
     """One telemetry table (``"gpu"``, ``"xid"`` or ``"link"``) as a time-ordered DataFrame.
 
     ``columns`` limits what is read (cheaper on wide GPU tables); ``start_ms``/``end_ms``
@@ -160,15 +197,23 @@ def read_ground_truth(directory: str | Path) -> pd.DataFrame:
 
 
 class DatasetWriter:
-    """Writes one dataset folder part by part, so memory holds one time chunk at a time.
+    """Writes one dataset folder chunk by chunk, so memory holds one time chunk at a time.
 
-    Call :meth:`write_part` for each chunk in time order (the writer numbers the parts),
-    :meth:`write_events` and :meth:`write_ground_truth` once, then :meth:`write_manifest`
-    last: a folder with a manifest is complete. Refuses a folder that already holds a dataset
-    unless ``overwrite``. Output bytes depend only on the tables given (deterministic).
+    Call :meth:`write_part` for each time chunk in time order: a chunk goes into the current
+    part of its table as a row group; :meth:`end_part` closes the current parts of every table
+    so the next chunks start new ones (part N of each table covers the same time). Then
+    :meth:`write_events` and :meth:`write_ground_truth`, and :meth:`write_manifest` last: a
+    folder with a manifest is complete. Refuses a folder that already holds a dataset unless
+    ``overwrite``. Output bytes depend only on the tables given (deterministic).
     """
 
-    def __init__(self, directory: str | Path, *, overwrite: bool = False, compression: str = "zstd"):
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        overwrite: bool = False,
+        compression: str = "zstd",
+    ):
         self.directory = Path(directory)
         self.compression = compression
         if (self.directory / "manifest.json").exists():
@@ -180,21 +225,37 @@ class DatasetWriter:
                 old.unlink()
         self.directory.mkdir(parents=True, exist_ok=True)
         self._parts = dict.fromkeys(TABLES, 0)
+        self._open: dict[str, pq.ParquetWriter] = {}
 
     def write_part(self, table: str, data: pa.Table) -> Path:
-        """Append the next time chunk of ``table``; its leading columns must follow the layout."""
+        """Append the next time chunk of ``table``; its leading columns must follow the layout.
+
+        Returns the path of the part it went into.
+        """
         if table not in TABLES:
             raise DatasetError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
         lead = _LEADING[table]
         if tuple(data.column_names[: len(lead)]) != lead:
             got = tuple(data.column_names[: len(lead)])
             raise DatasetError(f"{table} part must start with columns {lead}, got {got}")
-        folder = self.directory / table
-        folder.mkdir(exist_ok=True)
-        path = folder / f"part-{self._parts[table]:05d}.parquet"
-        pq.write_table(data, path, compression=self.compression)
-        self._parts[table] += 1
-        return path
+        writer = self._open.get(table)
+        if writer is not None and not writer.schema.equals(data.schema):
+            raise DatasetError(
+                f"{table} chunk schema differs from its part's: {data.schema} vs {writer.schema}"
+            )
+        if writer is None:
+            folder = self.directory / table
+            folder.mkdir(exist_ok=True)
+            path = folder / f"part-{self._parts[table]:05d}.parquet"
+            writer = self._open[table] = pq.ParquetWriter(path, data.schema, compression=self.compression)
+            self._parts[table] += 1
+        writer.write_table(data)
+        return Path(writer.where)
+
+    def end_part(self) -> None:
+        """Finish the current parts; the next :meth:`write_part` of each table starts a new one."""
+        for table in list(self._open):
+            self._open.pop(table).close()
 
     def write_events(self, data: pa.Table) -> Path:
         """Node lifecycle events (``EVENT_SCHEMA``)."""
@@ -211,6 +272,7 @@ class DatasetWriter:
 
     def write_manifest(self, manifest: dict[str, Any]) -> Path:
         """Write the manifest last; it must carry every key of ``MANIFEST_KEYS``."""
+        self.end_part()
         missing = [k for k in MANIFEST_KEYS if k not in manifest and k != "schema_version"]
         if missing:
             raise DatasetError(f"manifest lacks {', '.join(missing)}")

@@ -10,6 +10,19 @@ from ingest.simulator.output import stream, write_dataset
 from ingest.simulator.profile import PRECURSORS, Profile, ProfileError, load_profile, parse_profile
 from ingest.simulator.schedule import Episode, Failure, Schedule
 
-__all__ = ["Simulator", "Chunk", "DEFAULT_START_MS", "DEFAULT_CHUNK_ROWS", "write_dataset", "stream",
-           "Profile", "ProfileError", "PRECURSORS", "load_profile", "parse_profile", "Episode", "Failure",
-           "Schedule"]
+__all__ = [
+    "Simulator",
+    "Chunk",
+    "DEFAULT_START_MS",
+    "DEFAULT_CHUNK_ROWS",
+    "write_dataset",
+    "stream",
+    "Profile",
+    "ProfileError",
+    "PRECURSORS",
+    "load_profile",
+    "parse_profile",
+    "Episode",
+    "Failure",
+    "Schedule",
+]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Increments", "cumulative", "stateful_gauge", "poisson_scatter"]
+__all__ = ["Increments", "cumulative", "stateful_gauge", "poisson_scatter", "kept_rows", "flatten"]
 
 
 class Increments:
@@ -19,15 +19,21 @@ class Increments:
     def __init__(self) -> None:
         self._parts: list[tuple[np.ndarray, ...]] = []
 
-    def add(self, step: np.ndarray, node: np.ndarray | int, unit: np.ndarray | int, amount: np.ndarray | int
-            ) -> None:
+    def add(
+        self, step: np.ndarray, node: np.ndarray | int, unit: np.ndarray | int, amount: np.ndarray | int
+    ) -> None:
         step = np.asarray(step, dtype=np.int64)
         if step.size == 0:
             return
         shape = step.shape
-        self._parts.append((step, np.broadcast_to(np.asarray(node, dtype=np.int64), shape),
-                            np.broadcast_to(np.asarray(unit, dtype=np.int64), shape),
-                            np.broadcast_to(np.asarray(amount, dtype=np.int64), shape)))
+        self._parts.append(
+            (
+                step,
+                np.broadcast_to(np.asarray(node, dtype=np.int64), shape),
+                np.broadcast_to(np.asarray(unit, dtype=np.int64), shape),
+                np.broadcast_to(np.asarray(amount, dtype=np.int64), shape),
+            )
+        )
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
         if not self._parts:
@@ -35,8 +41,9 @@ class Increments:
         return tuple(np.concatenate([p[i] for p in self._parts]) for i in range(4))  # type: ignore[return-value]
 
 
-def cumulative(carry: np.ndarray, steps: int, inc: Increments, resets: list[tuple[int, int]] = ()
-               ) -> np.ndarray:
+def cumulative(
+    carry: np.ndarray, steps: int, inc: Increments, resets: list[tuple[int, int]] = ()
+) -> np.ndarray:
     """Counter values ``(steps, nodes, units)`` from the carried value plus ``inc``.
 
     ``resets`` are (step, node) pairs where the node's counter restarts from zero (a reboot or
@@ -85,8 +92,22 @@ def stateful_gauge(carry: np.ndarray, steps: int, sets: list[tuple[int, int, int
     return out
 
 
-def poisson_scatter(rng: np.random.Generator, rate: np.ndarray, steps: int, inc: Increments,
-                    burst_mean: float = 1.0) -> None:
+def kept_rows(up: np.ndarray | None, units: int) -> np.ndarray | None:
+    """Flat indices of the rows of up nodes in a (steps, nodes, units) chunk; ``None`` when all are up."""
+    return None if up is None else np.flatnonzero(np.repeat(up.reshape(-1), units))
+
+
+def flatten(values: np.ndarray, rows: np.ndarray | None, dtype: type) -> np.ndarray:
+    """A chunk array as one contiguous column of ``dtype``, keeping only ``rows`` (select, then convert)."""
+    flat = values.reshape(-1)
+    if rows is not None:
+        flat = flat.take(rows)
+    return np.ascontiguousarray(flat, dtype=dtype)
+
+
+def poisson_scatter(
+    rng: np.random.Generator, rate: np.ndarray, steps: int, inc: Increments, burst_mean: float = 1.0
+) -> None:
     """Background events: each unit fires at ``rate`` (nodes, units) per step, in bursts of mean size.
 
     One Poisson draw for the whole chunk, then each event picks its unit in proportion to the

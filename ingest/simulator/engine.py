@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from ingest.contract import GPU_FIELDS, LINK_COUNTERS
 from ingest.dataset import EVENT_SCHEMA, GROUND_TRUTH_SCHEMA, XID_SCHEMA
+from ingest.simulator.counters import flatten, kept_rows
 from ingest.simulator.gpu import XID_MESSAGES, GpuBaseline, GpuGenerator, pci_bus_ids
 from ingest.simulator.links import LinkBaseline, LinkGenerator, link_port_names
 from ingest.simulator.profile import Profile
@@ -31,7 +32,7 @@ from ingest.simulator.schedule import MS_PER_DAY, Failure, Schedule, draw_schedu
 __all__ = ["Simulator", "Chunk", "DEFAULT_START_MS", "DEFAULT_CHUNK_ROWS"]
 
 DEFAULT_START_MS: Final = 1_735_689_600_000  # 2025-01-01T00:00:00Z
-DEFAULT_CHUNK_ROWS: Final = 1 << 19
+DEFAULT_CHUNK_ROWS: Final = 1 << 17
 _STREAM_BASELINE: Final = 0xBA5E
 _STREAM_CHUNK: Final = 0xC4C
 _NOT_REPORTED: Final = frozenset({"retired_sbe", "retired_dbe", "retired_pending"})  # H100 remaps rows
@@ -57,9 +58,18 @@ class Simulator:
     :attr:`schedule` is the ground truth, known before any telemetry is generated.
     """
 
-    def __init__(self, profile: Profile, *, nodes: int, duration_ms: int, interval_ms: int, seed: int,
-                 start_ms: int = DEFAULT_START_MS, rate_multiplier: float | None = None,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS):
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        nodes: int,
+        duration_ms: int,
+        interval_ms: int,
+        seed: int,
+        start_ms: int = DEFAULT_START_MS,
+        rate_multiplier: float | None = None,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    ):
         if nodes < 1 or duration_ms <= 0 or interval_ms <= 0:
             raise ValueError("nodes, duration and interval must be positive")
         if rate_multiplier is not None and rate_multiplier <= 0:
@@ -76,8 +86,9 @@ class Simulator:
         self.rate_multiplier = profile.cluster.rate_multiplier if rate_multiplier is None else rate_multiplier
         self.steps_per_chunk = max(1, chunk_rows // (nodes * self.gpus))
         self.n_chunks = -(-self.steps // self.steps_per_chunk)
-        self.schedule: Schedule = draw_schedule(profile, nodes, start_ms, self.end_ms, seed,
-                                                self.rate_multiplier)
+        self.schedule: Schedule = draw_schedule(
+            profile, nodes, start_ms, self.end_ms, seed, self.rate_multiplier
+        )
         self.node_names = tuple(f"node{i:0{max(4, len(str(nodes - 1)))}d}" for i in range(nodes))
 
     @property
@@ -91,19 +102,30 @@ class Simulator:
 
     def manifest(self) -> dict[str, Any]:
         """The dataset manifest of this run (the layout's keys plus how it was made)."""
-        return {"profile": self.profile.name, "nodes": self.nodes, "gpus_per_node": self.gpus,
-                "start_ms": self.start_ms, "end_ms": self.end_ms, "interval_ms": self.interval_ms,
-                "seed": self.seed, "rate_multiplier": self.rate_multiplier, "ib_ports_per_node": self.ports,
-                "failures": len(self.schedule.failures), "generator": "foreshock-simulator"}
+        return {
+            "profile": self.profile.name,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus,
+            "start_ms": self.start_ms,
+            "end_ms": self.end_ms,
+            "interval_ms": self.interval_ms,
+            "seed": self.seed,
+            "rate_multiplier": self.rate_multiplier,
+            "ib_ports_per_node": self.ports,
+            "failures": len(self.schedule.failures),
+            "generator": "foreshock-simulator",
+        }
 
     def chunks(self) -> Iterator[Chunk]:
         """Telemetry chunks in time order (a fresh generator state on each call)."""
         rng = np.random.default_rng([self.seed, _STREAM_BASELINE])
-        gpu_gen = GpuGenerator(self.profile, self.nodes, self.interval_ms,
-                               GpuBaseline.draw(self.profile, self.nodes, rng))
+        gpu_gen = GpuGenerator(
+            self.profile, self.nodes, self.interval_ms, GpuBaseline.draw(self.profile, self.nodes, rng)
+        )
         noisy = self.profile.noise.noisy_gpu_fraction
-        link_gen = LinkGenerator(self.nodes, self.ports, self.interval_ms,
-                                 LinkBaseline.draw(self.nodes, self.ports, noisy, rng))
+        link_gen = LinkGenerator(
+            self.nodes, self.ports, self.interval_ms, LinkBaseline.draw(self.nodes, self.ports, noisy, rng)
+        )
         for index in range(self.n_chunks):
             yield self._chunk(index, gpu_gen, link_gen)
 
@@ -120,52 +142,56 @@ class Simulator:
             down0, down1 = self.step_of(f.ts) - k0, self.step_of(f.repair_ts) - k0
             if down1 < 0:
                 continue
-            up[max(down0, 0):down1, f.node] = False
+            up[max(down0, 0) : down1, f.node] = False
             if down1 < ts.size:
                 repairs.append((down1, f))
         all_up = bool(up.all())
         episodes = self.schedule.episodes_between(lo - self.interval_ms, hi)
         gpu = gpu_gen.generate(rng, ts, None if all_up else up, episodes, repairs)
-        link_cols = link_gen.generate(rng, ts, episodes, repairs)
-        keep = None if all_up else up.reshape(-1)
-        gpu_table = self._gpu_table(ts, gpu.columns, keep)
-        link_table = self._link_table(ts, link_cols, keep)
+        link_cols = link_gen.generate(rng, ts, None if all_up else up, episodes, repairs)
+        gpu_table = self._gpu_table(ts, gpu.columns, None if all_up else up)
+        link_table = self._link_table(ts, link_cols, None if all_up else up)
         xid_table = self._xid_table(gpu, self.schedule.failures_between(lo, hi))
         return Chunk(index, int(ts[0]), int(ts[-1]), gpu_table, xid_table, link_table)
 
     def _dictionary(self, index: np.ndarray, values: tuple[str, ...]) -> pa.DictionaryArray:
         return pa.DictionaryArray.from_arrays(pa.array(index.astype(np.int32, copy=False)), pa.array(values))
 
-    def _keys(self, ts: np.ndarray, units: int, select: np.ndarray | None
-              ) -> tuple[pa.Array, pa.Array, np.ndarray]:
-        """node and ts columns of rows in (step, node, unit) order, plus each kept row's unit index."""
+    def _keys(
+        self, ts: np.ndarray, units: int, up: np.ndarray | None
+    ) -> tuple[pa.Array, pa.Array, np.ndarray]:
+        """node and ts columns of the kept rows in (step, node, unit) order, plus each row's unit index."""
         s, n = ts.size, self.nodes
+        rows = kept_rows(up, units)
+        node = np.broadcast_to(np.arange(n, dtype=np.int32)[None, :, None], (s, n, units))
+        ts_col = np.broadcast_to(ts[:, None, None], (s, n, units))
+        unit = np.broadcast_to(np.arange(units, dtype=np.int32), (s, n, units))
+        return (
+            self._dictionary(flatten(node, rows, np.int32), self.node_names),
+            pa.array(flatten(ts_col, rows, np.int64)),
+            flatten(unit, rows, np.int32),
+        )
 
-        def pick(a: np.ndarray) -> np.ndarray:
-            return a if select is None else a[select]
-
-        node = pick(np.broadcast_to(np.arange(n, dtype=np.int32)[None, :, None], (s, n, units)).reshape(-1))
-        return (self._dictionary(node, self.node_names), pa.array(pick(np.repeat(ts, n * units))),
-                pick(np.tile(np.arange(units, dtype=np.int32), s * n)))
-
-    def _gpu_table(self, ts: np.ndarray, cols: dict[str, np.ndarray], keep: np.ndarray | None) -> pa.Table:
-        select = None if keep is None else np.repeat(keep, self.gpus)
-        node, ts_col, gpu = self._keys(ts, self.gpus, select)
+    def _gpu_table(self, ts: np.ndarray, cols: dict[str, np.ndarray], up: np.ndarray | None) -> pa.Table:
+        node, ts_col, gpu = self._keys(ts, self.gpus, up)
         arrays = [node, ts_col, pa.array(gpu.astype(np.int64))]
         for field in GPU_FIELDS:
-            if field in _NOT_REPORTED:
-                arrays.append(pa.nulls(gpu.size, pa.float64()))
-            else:
-                arrays.append(pa.array(cols[field] if select is None else cols[field][select]))
+            arrays.append(
+                pa.nulls(gpu.size, pa.float64()) if field in _NOT_REPORTED else pa.array(cols[field])
+            )
         return pa.Table.from_arrays(arrays, names=["node", "ts", "gpu", *GPU_FIELDS])
 
-    def _link_table(self, ts: np.ndarray, cols: dict[str, np.ndarray], keep: np.ndarray | None) -> pa.Table:
-        select = None if keep is None else np.repeat(keep, self.ports)
-        node, ts_col, port = self._keys(ts, self.ports, select)
+    def _link_table(self, ts: np.ndarray, cols: dict[str, np.ndarray], up: np.ndarray | None) -> pa.Table:
+        node, ts_col, port = self._keys(ts, self.ports, up)
         zeros = np.zeros(port.size, dtype=np.int32)
-        arrays = [node, ts_col, self._dictionary(port, link_port_names(self.ports)),
-                  self._dictionary(zeros, ("ib",)), self._dictionary(zeros, ("ACTIVE",))]
-        arrays += [pa.array(cols[name] if select is None else cols[name][select]) for name in LINK_COUNTERS]
+        arrays = [
+            node,
+            ts_col,
+            self._dictionary(port, link_port_names(self.ports)),
+            self._dictionary(zeros, ("ib",)),
+            self._dictionary(zeros, ("ACTIVE",)),
+        ]
+        arrays += [pa.array(cols[name]) for name in LINK_COUNTERS]
         return pa.Table.from_arrays(arrays, names=["node", "ts", "port", "kind", "state", *LINK_COUNTERS])
 
     def _xid_table(self, gpu, failures: list[Failure]) -> pa.Table:
@@ -182,12 +208,18 @@ class Simulator:
         order = np.lexsort((unit_a, node_a, ts_a))
         ts_a, node_a, unit_a, code_a = ts_a[order], node_a[order], unit_a[order], code_a[order]
         buses = pci_bus_ids(self.gpus)
-        return pa.Table.from_pydict({
-            "node": [self.node_names[i] for i in node_a], "ts": ts_a, "gpu": unit_a, "xid": code_a,
-            "count": np.ones(ts_a.size, dtype=np.int64),
-            "message": [XID_MESSAGES.get(int(c), "") for c in code_a],
-            "pci_bus_id": [buses[u] for u in unit_a],
-        }, schema=XID_SCHEMA)
+        return pa.Table.from_pydict(
+            {
+                "node": [self.node_names[i] for i in node_a],
+                "ts": ts_a,
+                "gpu": unit_a,
+                "xid": code_a,
+                "count": np.ones(ts_a.size, dtype=np.int64),
+                "message": [XID_MESSAGES.get(int(c), "") for c in code_a],
+                "pci_bus_id": [buses[u] for u in unit_a],
+            },
+            schema=XID_SCHEMA,
+        )
 
     def events_table(self) -> pa.Table:
         """Node lifecycle events of the run: ``failed`` at each failure, ``repaired`` when back in the run."""
@@ -198,21 +230,33 @@ class Simulator:
             if f.repair_ts < self.end_ms:
                 rows.append((f.repair_ts, f.node, "repaired", f.cause, None, None))
         rows.sort(key=lambda r: (r[0], r[1]))
-        return pa.Table.from_pydict({
-            "node": [self.node_names[r[1]] for r in rows], "ts": [r[0] for r in rows],
-            "event": [r[2] for r in rows], "cause": [r[3] for r in rows],
-            "detectable": [r[4] for r in rows], "detail": [r[5] for r in rows],
-        }, schema=EVENT_SCHEMA)
+        return pa.Table.from_pydict(
+            {
+                "node": [self.node_names[r[1]] for r in rows],
+                "ts": [r[0] for r in rows],
+                "event": [r[2] for r in rows],
+                "cause": [r[3] for r in rows],
+                "detectable": [r[4] for r in rows],
+                "detail": [r[5] for r in rows],
+            },
+            schema=EVENT_SCHEMA,
+        )
 
     def ground_truth_table(self) -> pa.Table:
         """One row per injected failure (the dataset's ground_truth.parquet)."""
         fs = self.schedule.failures
-        return pa.Table.from_pydict({
-            "node": [self.node_names[f.node] for f in fs], "ts": [f.ts for f in fs],
-            "cause": [f.cause for f in fs], "detectable": [f.detectable for f in fs],
-            "precursor": [f.precursor for f in fs], "precursor_start_ms": [f.precursor_start_ms for f in fs],
-            "repair_ts": [f.repair_ts for f in fs],
-        }, schema=GROUND_TRUTH_SCHEMA)
+        return pa.Table.from_pydict(
+            {
+                "node": [self.node_names[f.node] for f in fs],
+                "ts": [f.ts for f in fs],
+                "cause": [f.cause for f in fs],
+                "detectable": [f.detectable for f in fs],
+                "precursor": [f.precursor for f in fs],
+                "precursor_start_ms": [f.precursor_start_ms for f in fs],
+                "repair_ts": [f.repair_ts for f in fs],
+            },
+            schema=GROUND_TRUTH_SCHEMA,
+        )
 
     def gpu_days(self) -> float:
         return self.nodes * self.gpus * (self.end_ms - self.start_ms) / MS_PER_DAY
@@ -220,8 +264,11 @@ class Simulator:
 
 def failure_detail(f: Failure) -> str:
     """The ``detail`` of a ``failed`` event: where it struck, its Xids and its foreshock window."""
-    parts = [f"gpu={'all' if f.gpu is None else f.gpu}", f"xid={','.join(map(str, f.xid)) or '-'}",
-             f"precursor={f.precursor}"]
+    parts = [
+        f"gpu={'all' if f.gpu is None else f.gpu}",
+        f"xid={','.join(map(str, f.xid)) or '-'}",
+        f"precursor={f.precursor}",
+    ]
     if f.precursor_start_ms is not None:
         parts.append(f"precursor_start_ms={f.precursor_start_ms}")
     parts.append(f"repair_ts={f.repair_ts}")

@@ -20,7 +20,14 @@ from typing import Final
 
 import numpy as np
 
-from ingest.simulator.counters import Increments, cumulative, poisson_scatter, stateful_gauge
+from ingest.simulator.counters import (
+    Increments,
+    cumulative,
+    flatten,
+    kept_rows,
+    poisson_scatter,
+    stateful_gauge,
+)
 from ingest.simulator.profile import Profile
 from ingest.simulator.schedule import Episode, Failure
 
@@ -50,8 +57,12 @@ _ECC_SBE: Final = 900.0
 _ECC_CORR_REMAP: Final = 3.0
 _ECC_UNCORR_REMAP: Final = 0.6
 _XID92_BURST: Final = 60
-_NVLINK: Final = {"nvlink_crc_flit_error_count_total": 400.0, "nvlink_crc_data_error_count_total": 40.0,
-                  "nvlink_replay_error_count_total": 25.0, "nvlink_recovery_error_count_total": 0.8}
+_NVLINK: Final = {
+    "nvlink_crc_flit_error_count_total": 400.0,
+    "nvlink_crc_data_error_count_total": 40.0,
+    "nvlink_replay_error_count_total": 25.0,
+    "nvlink_recovery_error_count_total": 0.8,
+}
 _PCIE: Final = 150.0
 _POWER_SPIKES: Final = 25.0
 _THERMAL_DRIFT_C: Final = 20.0
@@ -73,8 +84,16 @@ XID_MESSAGES: Final[dict[int, str]] = {
     120: "GSP task timeout @ pc:0x4ce0c4f, partition:0",
 }
 
-_COUNTERS: Final = ("ecc_sbe", "ecc_dbe", "correctable_remapped_rows", "uncorrectable_remapped_rows",
-                    "pcie_replay_counter", *_NVLINK, "power_violation", "thermal_violation")
+_COUNTERS: Final = (
+    "ecc_sbe",
+    "ecc_dbe",
+    "correctable_remapped_rows",
+    "uncorrectable_remapped_rows",
+    "pcie_replay_counter",
+    *_NVLINK,
+    "power_violation",
+    "thermal_violation",
+)
 
 
 def pci_bus_ids(gpus: int) -> tuple[str, ...]:
@@ -105,8 +124,9 @@ class GpuBaseline:
             temp_offset=(rng.normal(0, 2.0, (nodes, 1)) + rng.normal(0, 1.5, shape)).astype(_F32),
             mem_offset=rng.normal(7.0, 1.5, shape).astype(_F32),
             util_level=rng.uniform(88.0, 97.0, (nodes, 1)).astype(_F32),
-            watts_per_util=(rng.normal(1.0, 0.03, shape) * (POWER_CAP_W - IDLE_POWER_W) * 0.0093
-                            ).astype(_F32),
+            watts_per_util=(rng.normal(1.0, 0.03, shape) * (POWER_CAP_W - IDLE_POWER_W) * 0.0093).astype(
+                _F32
+            ),
             phase_days=rng.normal(0.0, 0.02, (nodes, 1)),
             fb_used=np.rint(rng.uniform(55_000, 76_000, (nodes, 1)) + rng.normal(0, 300, shape)),
             sbe_rate_h=rng.lognormal(np.log(_SBE_PER_HOUR), 1.0, shape)
@@ -118,7 +138,7 @@ class GpuBaseline:
 
 @dataclass(slots=True)
 class GpuChunk:
-    """Flat columns in (step, node, gpu) order plus the Xids that happened in the chunk."""
+    """Flat columns in (step, node, gpu) order, rows of down nodes left out, plus the chunk's Xids."""
 
     columns: dict[str, np.ndarray]
     xid_ts: np.ndarray
@@ -144,8 +164,14 @@ class GpuGenerator:
         self._last_xid = np.zeros(shape, dtype=np.int64)
         self._pending_sets: list[tuple[int, int, int | None, int]] = []
 
-    def generate(self, rng: np.random.Generator, ts: np.ndarray, up: np.ndarray | None,
-                 episodes: list[Episode], repairs: list[tuple[int, Failure]]) -> GpuChunk:
+    def generate(
+        self,
+        rng: np.random.Generator,
+        ts: np.ndarray,
+        up: np.ndarray | None,
+        episodes: list[Episode],
+        repairs: list[tuple[int, Failure]],
+    ) -> GpuChunk:
         """One chunk. ``repairs`` are (step, failure) for nodes back up at that step after a failure."""
         steps, n, g = ts.size, self.nodes, self.gpus
         noise = self.profile.noise.sensor_noise
@@ -205,13 +231,19 @@ class GpuGenerator:
             s, nn, gg = rng.integers(0, steps, k), rng.integers(0, n, k), rng.integers(0, g, k)
             codes = benign[rng.integers(0, benign.size, k)]
             xids.append((s, nn, gg, codes))
-        xid_s, xid_n, xid_g, xid_c = (np.concatenate([np.asarray(x[i], dtype=np.int64) for x in xids])
-                                      if xids else np.zeros(0, np.int64) for i in range(4))
+        xid_s, xid_n, xid_g, xid_c = (
+            np.concatenate([np.asarray(x[i], dtype=np.int64) for x in xids])
+            if xids
+            else np.zeros(0, np.int64)
+            for i in range(4)
+        )
         if up is not None and xid_s.size:
             keep = up[xid_s, xid_n]
             xid_s, xid_n, xid_g, xid_c = xid_s[keep], xid_n[keep], xid_g[keep], xid_c[keep]
-        gauge_sets += [(int(s), int(nn), int(gg), int(c))
-                       for s, nn, gg, c in zip(xid_s, xid_n, xid_g, xid_c, strict=True)]
+        gauge_sets += [
+            (int(s), int(nn), int(gg), int(c))
+            for s, nn, gg, c in zip(xid_s, xid_n, xid_g, xid_c, strict=True)
+        ]
         xid_ts = ts[xid_s] - rng.integers(0, self.interval_ms, xid_s.size)
 
         watts = power.astype(np.float64)  # reported with 10 mW resolution
@@ -222,19 +254,42 @@ class GpuGenerator:
         mem_copy = util * 0.42
         for gauge in (temp, mem_temp, util, mem_copy, sm_clock):  # sensors report whole units
             np.rint(gauge, out=gauge)
-        cols.update(gpu_temp=temp, memory_temp=mem_temp, power_usage=watts, sm_clock=sm_clock, gpu_util=util,
-                    mem_copy_util=mem_copy, clocks_event_reasons=reasons)
+        cols.update(
+            gpu_temp=temp,
+            memory_temp=mem_temp,
+            power_usage=watts,
+            sm_clock=sm_clock,
+            gpu_util=util,
+            mem_copy_util=mem_copy,
+            clocks_event_reasons=reasons,
+        )
         cols["mem_clock"] = np.full(shape, MEM_CLOCK)
         cols["fb_used"] = np.broadcast_to(base.fb_used, shape)
         cols["fb_free"] = np.broadcast_to(FB_TOTAL_MIB - base.fb_used, shape)
-        flat = {k: np.ascontiguousarray(v, dtype=np.int64 if v.dtype.kind in "iub" else np.float64)
-                .reshape(-1) for k, v in cols.items()}
-        return GpuChunk(flat, xid_ts.astype(np.int64), xid_n.astype(np.int64), xid_g.astype(np.int64),
-                        xid_c.astype(np.int64))
+        rows = kept_rows(up, g)
+        flat = {
+            k: flatten(v, rows, np.int64 if v.dtype.kind in "iub" else np.float64) for k, v in cols.items()
+        }
+        return GpuChunk(
+            flat,
+            xid_ts.astype(np.int64),
+            xid_n.astype(np.int64),
+            xid_g.astype(np.int64),
+            xid_c.astype(np.int64),
+        )
 
-    def _episode_counters(self, rng: np.random.Generator, ep: Episode, unit: int, x: np.ndarray,
-                          active: np.ndarray, inc: dict[str, Increments], xids: list,
-                          brake: list[tuple[int, int, int]], power: np.ndarray) -> None:
+    def _episode_counters(
+        self,
+        rng: np.random.Generator,
+        ep: Episode,
+        unit: int,
+        x: np.ndarray,
+        active: np.ndarray,
+        inc: dict[str, Increments],
+        xids: list,
+        brake: list[tuple[int, int, int]],
+        power: np.ndarray,
+    ) -> None:
         """Counter-type signatures of one episode on one GPU."""
         lam = x[active] * self.hours
         if ep.kind == "ecc":
@@ -243,13 +298,15 @@ class GpuGenerator:
             inc["ecc_sbe"].add(active, ep.node, unit, sizes)
             heavy = active[sizes >= _XID92_BURST]
             heavy = heavy[rng.random(heavy.size) < 0.3]
-            xids.append((heavy, np.full(heavy.size, ep.node), np.full(heavy.size, unit),
-                         np.full(heavy.size, 92)))
+            xids.append(
+                (heavy, np.full(heavy.size, ep.node), np.full(heavy.size, unit), np.full(heavy.size, 92))
+            )
             inc["correctable_remapped_rows"].add(active, ep.node, unit, rng.poisson(lam * _ECC_CORR_REMAP))
             remap = active[rng.poisson(lam * _ECC_UNCORR_REMAP) > 0]
             inc["uncorrectable_remapped_rows"].add(remap, ep.node, unit, 1)
-            xids.append((remap, np.full(remap.size, ep.node), np.full(remap.size, unit),
-                         np.full(remap.size, 63)))
+            xids.append(
+                (remap, np.full(remap.size, ep.node), np.full(remap.size, unit), np.full(remap.size, 63))
+            )
             if remap.size:
                 self._pending_sets.append((int(remap[0]), ep.node, unit, 1))
         elif ep.kind == "nvlink":
@@ -262,8 +319,13 @@ class GpuGenerator:
             power[spikes, ep.node, unit] += rng.uniform(120, 260, spikes.size).astype(_F32)
             brake.extend((int(s), ep.node, unit) for s in spikes)
 
-    def _throttling(self, temp: np.ndarray, power: np.ndarray, brake: list[tuple[int, int, int]],
-                    inc: dict[str, Increments]) -> tuple[np.ndarray, np.ndarray]:
+    def _throttling(
+        self,
+        temp: np.ndarray,
+        power: np.ndarray,
+        brake: list[tuple[int, int, int]],
+        inc: dict[str, Increments],
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Clock-event reasons and SM clock; violation counters grow while throttled.
 
         Throttling is rare, so it is computed on the few hot or capped samples only.
@@ -315,6 +377,7 @@ class GpuGenerator:
         self._pending_sets = []
         out["row_remap_pending"] = stateful_gauge(self._remap_pending, steps, pending)
         out["row_remap_failure"] = np.zeros((steps, self.nodes, self.gpus), dtype=np.int64)
-        out["xid_errors"] = stateful_gauge(self._last_xid, steps, xid_sets + [(s, f.node, None, 0)
-                                                                              for s, f in repairs])
+        out["xid_errors"] = stateful_gauge(
+            self._last_xid, steps, xid_sets + [(s, f.node, None, 0) for s, f in repairs]
+        )
         return out

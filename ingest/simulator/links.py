@@ -14,7 +14,7 @@ from typing import Final
 import numpy as np
 
 from ingest.contract import LINK_COUNTERS
-from ingest.simulator.counters import Increments, cumulative, poisson_scatter
+from ingest.simulator.counters import Increments, cumulative, flatten, kept_rows, poisson_scatter
 from ingest.simulator.schedule import Episode, Failure
 
 __all__ = ["LinkBaseline", "LinkGenerator", "link_port_names"]
@@ -22,11 +22,19 @@ __all__ = ["LinkBaseline", "LinkGenerator", "link_port_names"]
 _SYMBOL_PER_HOUR: Final = 0.05
 _NOISY_PORT_FACTOR: Final = 60.0
 _DISCARDS_PER_HOUR: Final = 1.5
-_BACKGROUND_PER_HOUR: Final = {"link_error_recovery": 0.0005, "port_rcv_errors": 0.005,
-                               "port_rcv_remote_physical_errors": 0.002}
+_BACKGROUND_PER_HOUR: Final = {
+    "link_error_recovery": 0.0005,
+    "port_rcv_errors": 0.005,
+    "port_rcv_remote_physical_errors": 0.002,
+}
 # foreshock rates per hour at intensity 1
-_IB_LINK: Final = {"symbol_error": 2500.0, "port_rcv_errors": 60.0, "link_error_recovery": 2.0,
-                   "local_link_integrity_errors": 0.6, "port_rcv_remote_physical_errors": 6.0}
+_IB_LINK: Final = {
+    "symbol_error": 2500.0,
+    "port_rcv_errors": 60.0,
+    "link_error_recovery": 2.0,
+    "local_link_integrity_errors": 0.6,
+    "port_rcv_remote_physical_errors": 6.0,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,14 +70,21 @@ class LinkGenerator:
         self.base = baseline
         self._carry = {name: np.zeros((nodes, ports), dtype=np.int64) for name in LINK_COUNTERS}
 
-    def generate(self, rng: np.random.Generator, ts: np.ndarray, episodes: list[Episode],
-                 repairs: list[tuple[int, Failure]]) -> dict[str, np.ndarray]:
-        """Flat counter columns in (step, node, port) order."""
+    def generate(
+        self,
+        rng: np.random.Generator,
+        ts: np.ndarray,
+        up: np.ndarray | None,
+        episodes: list[Episode],
+        repairs: list[tuple[int, Failure]],
+    ) -> dict[str, np.ndarray]:
+        """Flat counter columns in (step, node, port) order, rows of down nodes (``up`` False) left out."""
         steps = ts.size
         inc = {name: Increments() for name in LINK_COUNTERS}
         poisson_scatter(rng, self.base.symbol_rate_h * self.hours, steps, inc["symbol_error"], burst_mean=4.0)
-        poisson_scatter(rng, self.base.discard_rate_h * self.hours, steps, inc["port_xmit_discards"],
-                        burst_mean=20.0)
+        poisson_scatter(
+            rng, self.base.discard_rate_h * self.hours, steps, inc["port_xmit_discards"], burst_mean=20.0
+        )
         for name, per_hour in _BACKGROUND_PER_HOUR.items():
             poisson_scatter(rng, np.full((self.nodes, self.ports), per_hour * self.hours), steps, inc[name])
         for ep in episodes:
@@ -82,5 +97,8 @@ class LinkGenerator:
                 for name, per_hour in _IB_LINK.items():
                     inc[name].add(active, ep.node, port, rng.poisson(lam * per_hour))
         resets = [(s, f.node) for s, f in repairs]
-        return {name: cumulative(self._carry[name], steps, inc[name], resets).reshape(-1)
-                for name in LINK_COUNTERS}
+        rows = kept_rows(up, self.ports)
+        return {
+            name: flatten(cumulative(self._carry[name], steps, inc[name], resets), rows, np.int64)
+            for name in LINK_COUNTERS
+        }

@@ -19,20 +19,35 @@ from ingest.dataset import DatasetWriter
 from ingest.simulator.engine import Chunk, Simulator
 from ingest.stream import publish
 
-__all__ = ["write_dataset", "stream", "node_events"]
+__all__ = ["write_dataset", "stream", "node_events", "DEFAULT_PART_ROWS"]
+
+DEFAULT_PART_ROWS = 1 << 20
+"""GPU rows per parquet part (about 1M: tens of MB on disk, a few seconds to read)."""
 
 
-def write_dataset(sim: Simulator, directory: str | Path, *, overwrite: bool = False,
-                  on_chunk: Callable[[Chunk], None] | None = None) -> Path:
-    """Write the whole run as a dataset folder, one part per chunk; the manifest goes last.
+def write_dataset(
+    sim: Simulator,
+    directory: str | Path,
+    *,
+    overwrite: bool = False,
+    part_rows: int = DEFAULT_PART_ROWS,
+    on_chunk: Callable[[Chunk], None] | None = None,
+) -> Path:
+    """Write the whole run as a dataset folder; the manifest goes last.
 
-    ``on_chunk`` is called after each chunk is written (progress bars).
+    Chunks are row groups; a part (the same time span in every table) closes once its GPU
+    table holds ``part_rows`` rows. ``on_chunk`` is called after each chunk (progress bars).
     """
     writer = DatasetWriter(directory, overwrite=overwrite)
+    rows = 0
     for chunk in sim.chunks():
         writer.write_part("gpu", chunk.gpu)
         writer.write_part("xid", chunk.xid)
         writer.write_part("link", chunk.link)
+        rows += chunk.gpu.num_rows
+        if rows >= part_rows:
+            writer.end_part()
+            rows = 0
         if on_chunk is not None:
             on_chunk(chunk)
     writer.write_events(sim.events_table())
@@ -43,8 +58,9 @@ def write_dataset(sim: Simulator, directory: str | Path, *, overwrite: bool = Fa
 
 def node_events(sim: Simulator) -> list[NodeEvent]:
     """The run's lifecycle events (ground truth) as contract records, in time order."""
-    return [NodeEvent(**{k: v for k, v in row.items() if v is not None})
-            for row in sim.events_table().to_pylist()]
+    return [
+        NodeEvent(**{k: v for k, v in row.items() if v is not None}) for row in sim.events_table().to_pylist()
+    ]
 
 
 def _rows_by_ts(table: pa.Table) -> Iterator[tuple[int, list[dict[str, Any]]]]:
@@ -63,9 +79,15 @@ def _records(cls: type, rows: list[dict[str, Any]]) -> list[Any]:
     return [cls(**{k: v for k, v in row.items() if v is not None}) for row in rows]
 
 
-def stream(sim: Simulator, bus: Bus, *, speed: float | None = None,
-           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-           on_step: Callable[[int], None] | None = None) -> int:
+def stream(
+    sim: Simulator,
+    bus: Bus,
+    *,
+    speed: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_step: Callable[[int], None] | None = None,
+) -> int:
     """Publish the run onto ``bus`` instant by instant; returns the number of messages sent.
 
     Each sampling instant sends one message per node per topic (all of a node's GPUs or ports

@@ -41,8 +41,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["PRECURSORS", "ProfileError", "FailureClass", "Cluster", "Noise", "Profile", "parse_profile",
-           "load_profile"]
+__all__ = [
+    "PRECURSORS",
+    "ProfileError",
+    "FailureClass",
+    "Cluster",
+    "Noise",
+    "Profile",
+    "parse_profile",
+    "load_profile",
+]
 
 PRECURSORS: Final = ("ecc", "thermal", "nvlink", "ib_link", "power", "pcie", "none")
 _REQUIRED: Final = object()
@@ -105,6 +113,7 @@ class Profile:
 
 def _check(key: str, value: Any, kind: str) -> Any:
     """Validate one value against a kind: int+, float+, float0, prob, str, ints, range, range01."""
+
     def bad(why: str) -> ProfileError:
         return ProfileError(f"{key}: {why} (got {value!r})")
 
@@ -129,13 +138,17 @@ def _check(key: str, value: Any, kind: str) -> Any:
             raise bad("expected a number in [0, 1]")
         return value
     if kind == "ints":
-        if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
-                                                  for x in value):
+        if not isinstance(value, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value
+        ):
             raise bad("expected a list of non-negative integers")
         return tuple(value)
     if kind in ("range", "range01"):
-        ok = isinstance(value, list) and len(value) == 2 and all(
-            isinstance(x, int | float) and not isinstance(x, bool) for x in value)
+        ok = (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(isinstance(x, int | float) and not isinstance(x, bool) for x in value)
+        )
         if not ok or not 0 <= value[0] <= value[1] or (kind == "range01" and value[1] > 1):
             raise bad("expected [lo, hi] with 0 <= lo <= hi" + (" <= 1" if kind == "range01" else ""))
         return (float(value[0]), float(value[1]))
@@ -210,10 +223,11 @@ def parse_profile(data: dict[str, Any], name: str) -> Profile:
         if f["precursor"] not in PRECURSORS:
             raise ProfileError(f"{where}.precursor: {f['precursor']!r} is not one of {', '.join(PRECURSORS)}")
         if f["precursor"] == "none" and f["detectable"] > 0:
-            raise ProfileError(f"{where}.detectable: must be 0 when precursor is \"none\" "
-                               f"(got {f['detectable']})")
+            raise ProfileError(
+                f'{where}.detectable: must be 0 when precursor is "none" (got {f["detectable"]})'
+            )
         if f["scope"] not in ("gpu", "node"):
-            raise ProfileError(f"{where}.scope: expected \"gpu\" or \"node\" (got {f['scope']!r})")
+            raise ProfileError(f'{where}.scope: expected "gpu" or "node" (got {f["scope"]!r})')
         if f["repair_median_hours"] is None:
             f["repair_median_hours"] = cluster.repair_median_hours
         if f["repair_sigma"] is None:

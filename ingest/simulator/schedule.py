@@ -90,8 +90,9 @@ class Schedule:
         return [f for f in self.failures if f.ts < end_ms and f.repair_ts > start_ms]
 
 
-def draw_schedule(profile: Profile, nodes: int, start_ms: int, end_ms: int, seed: int,
-                  rate_multiplier: float | None = None) -> Schedule:
+def draw_schedule(
+    profile: Profile, nodes: int, start_ms: int, end_ms: int, seed: int, rate_multiplier: float | None = None
+) -> Schedule:
     """Draw the failures and false alarms of a run; same arguments, same schedule."""
     rng = np.random.default_rng([seed, _STREAM_SCHEDULE])
     classes = profile.failures
@@ -120,8 +121,11 @@ def draw_schedule(profile: Profile, nodes: int, start_ms: int, end_ms: int, seed
             if detectable:
                 precursor_start = max(ts - lead_ms, up_since)
                 episodes.append(Episode(node, gpu, cls.precursor, precursor_start, ts, ts, severity, True))
-            failures.append(Failure(node, ts, cls.cause, detectable, cls.precursor, precursor_start,
-                                    repair_ts, gpu, cls.xid))
+            failures.append(
+                Failure(
+                    node, ts, cls.cause, detectable, cls.precursor, precursor_start, repair_ts, gpu, cls.xid
+                )
+            )
             t = float(repair_ts)
             up_since = repair_ts
     episodes.extend(_false_alarms(profile, nodes, start_ms, end_ms, rng, rate_multiplier))
@@ -130,8 +134,14 @@ def draw_schedule(profile: Profile, nodes: int, start_ms: int, end_ms: int, seed
     return Schedule(tuple(failures), tuple(episodes))
 
 
-def _false_alarms(profile: Profile, nodes: int, start_ms: int, end_ms: int, rng: np.random.Generator,
-                  rate_multiplier: float | None) -> list[Episode]:
+def _false_alarms(
+    profile: Profile,
+    nodes: int,
+    start_ms: int,
+    end_ms: int,
+    rng: np.random.Generator,
+    rate_multiplier: float | None,
+) -> list[Episode]:
     """Weak foreshocks on healthy nodes: kinds in proportion to the detectable failures'."""
     kinds = [f for f in profile.failures if f.precursor != "none" and f.detectable > 0]
     rate = profile.noise.false_alarms_per_failure * profile.node_failures_per_day(rate_multiplier)
@@ -149,6 +159,7 @@ def _false_alarms(profile: Profile, nodes: int, start_ms: int, end_ms: int, rng:
         length = int(rng.uniform(*cls.lead_minutes) * _MS_PER_MINUTE) + _MS_PER_MINUTE
         peak = begin + int(length * _FALSE_ALARM_RISE)
         gpu = int(rng.integers(profile.cluster.gpus_per_node)) if cls.scope == "gpu" else None
-        out.append(Episode(node, gpu, cls.precursor, begin, peak, begin + length, float(rng.uniform(lo, hi)),
-                           False))
+        out.append(
+            Episode(node, gpu, cls.precursor, begin, peak, begin + length, float(rng.uniform(lo, hi)), False)
+        )
     return out

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -16,6 +17,7 @@ from ingest.dataset import (
     MANIFEST_KEYS,
     DatasetError,
     DatasetWriter,
+    part_paths,
     read_events,
     read_ground_truth,
     read_manifest,
@@ -39,7 +41,7 @@ def dataset(tmp_path_factory):
         chunk_rows=40_000,
     )
     out = tmp_path_factory.mktemp("ds")
-    write_dataset(sim, out)
+    write_dataset(sim, out, part_rows=100_000)
     return sim, out
 
 
@@ -54,8 +56,15 @@ def test_manifest_has_the_layout_keys_and_the_multiplier(dataset):
 
 def test_gpu_table_columns_order_and_dtypes(dataset):
     sim, out = dataset
-    parts = sorted((out / "gpu").glob("part-*.parquet"))
-    assert len(parts) == sim.n_chunks > 1
+    spans = {}
+    for table in ("gpu", "link"):  # part N of every table covers the same time span
+        spans[table] = [
+            (t.column("ts")[0].as_py(), t.column("ts")[-1].as_py())
+            for t in map(pq.read_table, part_paths(out, table))
+        ]
+    assert spans["gpu"] == spans["link"] and len(spans["gpu"]) > 1
+    assert all(a[1] < b[0] for a, b in zip(spans["gpu"], spans["gpu"][1:], strict=False))
+    assert len(part_paths(out, "xid")) == len(spans["gpu"])
     gpu = read_table(out, "gpu")
     assert list(gpu.columns) == ["node", "ts", "gpu", *GPU_FIELDS]
     assert gpu.ts.dtype == np.int64 and gpu.gpu.dtype == np.int64

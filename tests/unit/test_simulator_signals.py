@@ -57,7 +57,7 @@ SIGNALS: dict[str, tuple[str, Callable[[pd.DataFrame, pd.DataFrame], float], flo
     "pcie": ("gpu", rise("pcie_replay_counter"), 5, 1),
     "thermal": ("gpu", lambda last, ref: float(last.gpu_temp.mean() - ref.gpu_temp.mean()), 4.0, 3.0),
     "power": ("gpu", lambda last, _: float((last.clocks_event_reasons & 0x80 > 0).sum()), 1, 0),
-    "ib_link": ("link", rise("symbol_error"), 50, 2),
+    "ib_link": ("link", rise("symbol_error"), 50, 12),  # healthy links see a few bursts of symbol errors
 }
 
 
