@@ -1,0 +1,119 @@
+"""The risk HTTP API over a real service (in-memory bus, real engine, trained model)."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from features import DEFAULT_FEATURE_SET
+from ingest.bus import InMemoryBus
+from ingest.simulator import stream
+from predictor.api import create_app
+from predictor.engines import OnlineEngines
+from predictor.model_source import PathModelSource
+from predictor.service import RiskService, ServiceConfig
+from tests.fixtures.predictor import simulator
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def service(risk_model_dir) -> RiskService:
+    bus = InMemoryBus(partitions=2)
+    svc = RiskService(bus, OnlineEngines(DEFAULT_FEATURE_SET), PathModelSource(risk_model_dir),
+                      config=ServiceConfig(score_every_ms=5 * 60_000)).start()
+    return svc
+
+
+@pytest.fixture(scope="module")
+def client(service) -> TestClient:
+    return TestClient(create_app(service, token=TOKEN))
+
+
+def test_not_ready_until_the_consumer_has_caught_up(service, client):
+    r = client.get("/readyz")
+    assert r.status_code == 503 and r.json()["ready"] is False
+    assert "partition assignment" in r.json()["reason"]
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/v1/nodes").json() == {"total": 0, "nodes": []}
+    sim = simulator(minutes=25)
+    stream(sim, service.bus)
+    for _ in range(50):
+        service.run_once()
+    assert client.get("/readyz").json() == {"ready": True, "reason": "ready"}
+
+
+def test_nodes_by_risk_with_filters_and_one_node_in_detail(service, client):
+    body = client.get("/v1/nodes").json()
+    probs = [n["probability"] for n in body["nodes"]]
+    assert body["total"] == len(body["nodes"]) > 0 and probs == sorted(probs, reverse=True)
+    threshold = service.model.threshold
+    assert all(n["alert"] == (n["probability"] >= threshold) for n in body["nodes"])
+    alerting = client.get("/v1/nodes", params={"alert": "true"}).json()
+    assert all(n["alert"] for n in alerting["nodes"])
+    assert client.get("/v1/nodes", params={"limit": 2}).json()["nodes"] == body["nodes"][:2]
+    assert {n["node"] for n in client.get("/v1/nodes", params={"prefix": "node000"}).json()["nodes"]} == {
+        n["node"] for n in body["nodes"] if n["node"].startswith("node000")}
+    assert client.get("/v1/nodes", params={"min_probability": 2}).status_code == 422
+    top = body["nodes"][0]["node"]
+    detail = client.get(f"/v1/nodes/{top}").json()
+    assert detail["probability"] == body["nodes"][0]["probability"]
+    assert len(detail["top_features"]) == 5 and detail["model_version"] == service.model.version
+    assert {"name", "value", "contribution"} <= set(detail["top_features"][0])
+    history = [h["ts"] for h in detail["history"]]
+    assert len(history) >= 3 and history == sorted(history) and history[-1] == detail["ts"]
+    missing = client.get("/v1/nodes/nope")
+    assert missing.status_code == 404 and "nope" in missing.json()["detail"]
+
+
+def test_model_metrics_and_docs(service, client):
+    model = client.get("/v1/model").json()
+    assert model["feature_set_hash"] == DEFAULT_FEATURE_SET.hash
+    assert model["threshold"] == service.model.threshold
+    assert model["feature_names"] == service.model.feature_names
+    text = client.get("/metrics").text
+    for name in ("foreshock_predictor_records_consumed_total", "foreshock_predictor_consumer_lag_records",
+                 "foreshock_predictor_scoring_duration_seconds_bucket", "foreshock_predictor_nodes_in_alert",
+                 "foreshock_predictor_dead_letters_total", "foreshock_predictor_ready 1.0"):
+        assert name in text
+    assert "node=" not in text
+    assert client.get("/docs").status_code == 200
+    assert {"/v1/nodes", "/v1/nodes/{node}", "/v1/score", "/v1/model", "/readyz"} <= set(
+        client.get("/openapi.json").json()["paths"])
+
+
+def test_scoring_needs_the_token_and_rejects_bad_input(service, client):
+    one = {"rows": [{n: 0.0 for n in service.model.feature_names}]}
+    assert client.post("/v1/score", json=one).status_code == 401
+    assert client.post("/v1/score", json=one, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    ok = client.post("/v1/score", json=one, headers=AUTH)
+    assert ok.status_code == 200
+    score = ok.json()["scores"][0]
+    assert 0 <= score["probability"] <= 1
+    assert score["alert"] == (score["probability"] >= ok.json()["threshold"])
+    missing = client.post("/v1/score", json={"rows": [{"x": 1}]}, headers=AUTH)
+    assert missing.status_code == 400 and "missing feature" in missing.json()["detail"]
+    assert client.post("/v1/score", json={}, headers=AUTH).status_code == 400
+    assert client.post("/v1/score", content=b"{", headers={**AUTH, "Content-Type": "application/json"}
+                       ).status_code == 422
+    bad = client.post("/v1/score", json={"telemetry": {"gpu": [{"node": "n", "ts": -1, "gpu": 0}]}},
+                      headers=AUTH)
+    assert bad.status_code == 400 and "ts" in bad.json()["detail"]
+    assert client.post("/v1/score", json={"telemetry": {"disk": []}}, headers=AUTH).status_code == 400
+    window = {"telemetry": {"gpu": [{"node": "n1", "ts": 60_000 * i, "gpu": 0, "gpu_temp": 60.0}
+                                    for i in range(1, 10)]}}
+    scored = client.post("/v1/score", json=window, headers=AUTH).json()["scores"]
+    assert [(s["node"], s["ts"]) for s in scored] == [("n1", 600_000)]
+    closed = TestClient(create_app(service, token=None))
+    assert closed.post("/v1/score", json=one, headers=AUTH).status_code == 403
+
+
+def test_health_reports_a_dead_loop(service):
+    client = TestClient(create_app(service, token=TOKEN))
+    service.error = RuntimeError("boom")
+    try:
+        assert client.get("/healthz").status_code == 503
+        assert "boom" in client.get("/readyz").json()["reason"]
+    finally:
+        service.error = None
