@@ -137,7 +137,6 @@ def _reduce(r: Reduction, grids: dict[Any, _Grid], w: int, ends: np.ndarray) -> 
 def feature_rows(frames: dict[str, pd.DataFrame], ticks: np.ndarray, fs: FeatureSet) -> pd.DataFrame:
     """Base features (no peers) of the nodes in ``frames`` at ``ticks``: the per-partition step."""
     nodes = Codes(sorted(set().union(*(f["node"].unique() for f in frames.values()))) if frames else [])
-    columns: dict[str, Any] = {}
     if not len(nodes) or not len(ticks):
         return pd.DataFrame(columns=["node", "ts", *[f.name for f in fs.features]])
     ports = Codes()
@@ -157,14 +156,14 @@ def feature_rows(frames: dict[str, pd.DataFrame], ticks: np.ndarray, fs: Feature
     ends = (ticks // b - b_lo).astype(np.int64)
     t = np.broadcast_to(ticks.astype(np.float64), (len(nodes), len(ticks)))
     live = _reduce(Reduction("sum", fs.records_stat), grids, fs.live_ms // b, ends) > 0
-    for f in fs.features:
-        w = f.window_ms // b
-        reduced = [_reduce(r, grids, w, ends) for r in fs.reductions(f)]
-        columns[f.name] = AGGREGATIONS[f.agg].finalize(reduced, f, t, b)[live]
+    values = np.empty((int(live.sum()), len(fs.features)))
+    for j, (f, w, reductions) in enumerate(fs.plan):
+        reduced = [_reduce(r, grids, w, ends) for r in reductions]
+        values[:, j] = AGGREGATIONS[f.agg].finalize(reduced, f, t, b)[live]
     node_idx, tick_idx = np.nonzero(live)
-    out = pd.DataFrame(
-        {"node": np.asarray(nodes.names, dtype=object)[node_idx], "ts": ticks[tick_idx], **columns}
-    )
+    out = pd.DataFrame(values, columns=[f.name for f in fs.features])
+    out.insert(0, "node", np.asarray(nodes.names, dtype=object)[node_idx])
+    out.insert(1, "ts", ticks[tick_idx])
     return out
 
 

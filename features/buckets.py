@@ -243,12 +243,12 @@ def bucketize(
     values = np.empty((len(all_keys), len(stats)))
     for j, s in enumerate(stats):
         values[:, j] = empty_value(s)
-    rec = stats.index(fs.records_stat)
+    rec = fs.stat_index[fs.records_stat]
     values[:, rec] = 0.0
     for keys, out in parts:
         rows = np.searchsorted(all_keys, keys)
         for s, v in out.items():
-            j = stats.index(s)
+            j = fs.stat_index[s]
             if s == fs.records_stat:
                 values[rows, j] += v
             else:

@@ -156,6 +156,11 @@ class OnlineFeatureEngine:
         self._frontier = target
 
     # -- queries -----------------------------------------------------------------------------
+    @property
+    def watermark_ms(self) -> int:
+        """Newest record timestamp seen (-1 before any record)."""
+        return self._watermark
+
     def nodes(self) -> list[str]:
         """Every node seen so far."""
         return list(self._nodes.names)
@@ -170,20 +175,23 @@ class OnlineFeatureEngine:
             + pending
         )
 
-    def _window(self, s: Stat, w: int, end: int, open_table: BucketTable) -> np.ndarray:
+    def _window(self, s: Stat, w: int, end: int, rows: np.ndarray, open_table: BucketTable) -> np.ndarray:
+        """Buckets [end - w, end) of ``s`` for node codes ``rows`` -> (len(rows), w), oldest first."""
         r, i = self._ring_of[s]
         frontier = self._frontier if self._frontier is not None else end
         if end - w < frontier - r:
             raise ValueError(f"window of {s.key} before t is no longer held (history_ms too short)")
-        n = len(self._nodes)
         idx = np.arange(end - w, end)
-        win = self._rings[r][:n, idx % r, i]
+        win = self._rings[r][rows[:, None], (idx % r)[None, :], i]
         newer = idx >= frontier
         if newer.any():
             win[:, newer] = self._fill[r][i]
-            rows = (open_table.bucket >= end - w) & (open_table.bucket < end)
-            j = self.feature_set.stats.index(s)
-            win[open_table.node[rows], open_table.bucket[rows] - (end - w)] = open_table.values[rows, j]
+            pos = np.full(len(self._nodes), -1)
+            pos[rows] = np.arange(len(rows))
+            hit = (open_table.bucket >= end - w) & (open_table.bucket < end) & (pos[open_table.node] >= 0)
+            win[pos[open_table.node[hit]], open_table.bucket[hit] - (end - w)] = open_table.values[
+                hit, self.feature_set.stat_index[s]
+            ]
         return win
 
     def features_at(self, ts: int, nodes: list[str] | None = None) -> pd.DataFrame:
@@ -198,28 +206,32 @@ class OnlineFeatureEngine:
             return pd.DataFrame(columns=["node", "ts", *fs.names])
         due = self._take_pending(end, remove=False) if end > self._frontier else dict.fromkeys(KINDS)
         open_table = bucketize(fs, due["gpu"], due["xid"], due["link"], copy.deepcopy(self._carry))
+        everyone = np.arange(len(self._nodes))
+        live = (
+            reduce_direct("sum", self._window(fs.records_stat, fs.live_ms // b, end, everyone, open_table))
+            > 0
+        )
+        names = np.asarray(self._nodes.names, dtype=object)
+        rows = everyone[live][np.argsort(names[live], kind="stable")]  # node order, as the batch engine
         cache: dict[tuple[Stat, int], np.ndarray] = {}
 
         def window(s: Stat, w: int) -> np.ndarray:
             if (s, w) not in cache:
-                cache[(s, w)] = self._window(s, w, end, open_table)
+                cache[(s, w)] = self._window(s, w, end, rows, open_table)
             return cache[(s, w)]
 
-        live = reduce_direct("sum", window(fs.records_stat, fs.live_ms // b)) > 0
-        t = np.full(int(live.sum()), float(end * b))
-        columns = {}
-        for f in fs.features:
-            w = f.window_ms // b
+        t = np.full(len(rows), float(end * b))
+        values = np.empty((len(rows), len(fs.features)))
+        for j, (f, w, reductions) in enumerate(fs.plan):
             reduced = [
-                reduce_direct(
-                    r.op, window(r.stat, w)[live], None if r.aux is None else window(r.aux, w)[live]
-                )
-                for r in fs.reductions(f)
+                reduce_direct(r.op, window(r.stat, w), None if r.aux is None else window(r.aux, w))
+                for r in reductions
             ]
-            columns[f.name] = AGGREGATIONS[f.agg].finalize(reduced, f, t, b)
-        names = np.asarray(self._nodes.names, dtype=object)[live]
-        table = pd.DataFrame({"node": names, "ts": np.full(len(names), end * b, dtype=np.int64), **columns})
-        table = add_peer_features(table.sort_values("node", ignore_index=True), fs)[["node", "ts", *fs.names]]
+            values[:, j] = AGGREGATIONS[f.agg].finalize(reduced, f, t, b)
+        table = pd.DataFrame(values, columns=[f.name for f in fs.features])
+        table.insert(0, "node", names[rows])
+        table.insert(1, "ts", np.full(len(rows), end * b, dtype=np.int64))
+        table = add_peer_features(table, fs)[["node", "ts", *fs.names]]
         if nodes is not None:
             table = table[table["node"].isin(set(nodes))].reset_index(drop=True)
         return table

@@ -22,6 +22,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Final, Literal
 
 from ingest.contract import GPU_FIELDS, LINK_COUNTERS
@@ -209,17 +210,22 @@ class FeatureSet:
         if len(set(codes)) != len(codes):
             raise ValueError("an Xid code may belong to one class only")
 
-    @property
+    @cached_property
     def names(self) -> list[str]:
         """Column names in order: the features, then the peer features."""
         return [f.name for f in self.features] + [p.name for p in self.peers]
+
+    @cached_property
+    def stat_index(self) -> dict[Stat, int]:
+        """Column of each statistic in bucket tables."""
+        return {s: j for j, s in enumerate(self.stats)}
 
     @property
     def xid_class_names(self) -> tuple[str, ...]:
         """Declared classes plus ``other``."""
         return (*self.xid_classes, "other")
 
-    @property
+    @cached_property
     def hash(self) -> str:
         """sha256 (hex) of the canonical JSON of every parameter that changes a value."""
         doc = {
@@ -243,7 +249,12 @@ class FeatureSet:
 
         return AGGREGATIONS[feature.agg].reductions(feature)
 
-    @property
+    @cached_property
+    def plan(self) -> tuple[tuple[Feature, int, tuple[Reduction, ...]], ...]:
+        """(feature, window in buckets, reductions) for every feature, in order: what engines loop over."""
+        return tuple((f, f.window_ms // self.bucket_ms, self.reductions(f)) for f in self.features)
+
+    @cached_property
     def stats(self) -> tuple[Stat, ...]:
         """Every bucket statistic the set reads, sorted (the column order of bucket tables)."""
         out = {self.records_stat}

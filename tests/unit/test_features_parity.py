@@ -169,10 +169,14 @@ def _records(kind: str, df: pd.DataFrame) -> list:
 def assert_same(online: pd.DataFrame, batch: pd.DataFrame, names: list[str], where: str) -> None:
     assert list(online.columns) == ["node", "ts", *names]
     assert online["node"].tolist() == batch["node"].tolist(), where
-    for name in names:
-        a, b = online[name].to_numpy(np.float64), batch[name].to_numpy(np.float64)
-        ok = np.isclose(a, b, rtol=1e-9, atol=0.0, equal_nan=True)
-        assert ok.all(), f"{where}: {name}: online {a[~ok]} != batch {b[~ok]}"
+    a, b = online[names].to_numpy(np.float64), batch[names].to_numpy(np.float64)
+    ok = np.isclose(a, b, rtol=1e-9, atol=0.0, equal_nan=True)
+    bad = [
+        f"{n}: online {a[~ok[:, j], j]} != batch {b[~ok[:, j], j]}"
+        for j, n in enumerate(names)
+        if not ok[:, j].all()
+    ]
+    assert not bad, f"{where}: " + "; ".join(bad)
 
 
 def feed(engine: OnlineFeatureEngine, frames, arrival, lo: int, hi: int, use_records: bool) -> None:
@@ -220,16 +224,15 @@ def test_online_equals_batch_on_random_streams(seed, tolerance, batch_ms, use_re
     first = min(int(a.min()) for a in arrival.values() if len(a))
     last = max(int(a.max()) for a in arrival.values() if len(a)) + 1
     ticks = batch["ts"].unique()
-    checked = 0
-    for lo in range(first, last, batch_ms):
+    starts = range(first, last, batch_ms)
+    for lo in starts:
         feed(engine, frames, arrival, lo, lo + batch_ms, use_records)
-        ready = ticks[ticks <= engine._watermark - tolerance]
-        if len(ready):  # a tick the engine has every record for, recent enough to be held
+        ready = ticks[ticks <= engine.watermark_ms - tolerance]
+        if len(ready) and rng.random() < 8 / len(starts):  # a tick whose records have all arrived
             t = int(rng.choice(ready[-8:]))
             assert_same(
                 engine.features_at(t), batch[batch["ts"] == t].reset_index(drop=True), fs.names, f"t={t}"
             )
-            checked += 1
     for t in ticks[-3:]:  # everything has arrived: even still-open buckets must agree
         assert_same(
             engine.features_at(int(t)), batch[batch["ts"] == t].reset_index(drop=True), fs.names, f"end t={t}"
