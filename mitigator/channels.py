@@ -148,6 +148,8 @@ class TopicChannel:
 
     Each hook process reads through its own consumer group (every rank must see every command)
     and ignores records issued before it started, so a restarted job does not replay old commands.
+    ``poll_s`` bounds the time one :meth:`poll` may spend (a Kafka consumer needs a few short
+    polls to join its group; the hook calls :meth:`poll` once per training step).
     """
 
     def __init__(
@@ -156,9 +158,11 @@ class TopicChannel:
         *,
         group: str | None = None,
         since_ms: int | None = None,
+        poll_s: float = 0.02,
         clock: Callable[[], int] = now_ms,
     ):
         self.bus = bus
+        self.poll_s = poll_s
         self.clock = clock
         self.since_ms = clock() if since_ms is None else since_ms
         self._group = group or f"foreshock-hook-{uuid.uuid4().hex[:12]}"
@@ -201,7 +205,7 @@ class TopicChannel:
             self._consumer.commit(messages)
 
     def poll(self, job: str) -> list[Command]:
-        self._drain(0.0)
+        self._drain(self.poll_s)
         mine = [c for c in self._pending if c.job == job]
         self._pending = [c for c in self._pending if c.job != job]
         return mine

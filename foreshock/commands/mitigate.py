@@ -78,6 +78,7 @@ def mitigate(
         None, "--kube-selector", help="label selector of job pods to evict"
     ),
     group: str = typer.Option("foreshock-mitigator", "--group", help="Kafka consumer group"),
+    policy: str = typer.Option("expected-loss", "--policy", help="decision policy, by registered name"),
     pin: str | None = typer.Option(None, "--pin", help="publish a pin request for NODE and exit"),
     unpin: str | None = typer.Option(None, "--unpin", help="publish an unpin request for NODE and exit"),
     run_for: str | None = typer.Option(
@@ -88,11 +89,11 @@ def mitigate(
     from ingest.kafka_bus import KafkaBus, ensure_topics
     from ingest.stream import publish
     from mitigator.audit import AuditLog
-    from mitigator.channels import FileChannel, TopicChannel
+    from mitigator.channels import CHANNELS
     from mitigator.engine import MitigationEngine
     from mitigator.executor import Executor
     from mitigator.jobs import FileJobs, StaticJobs
-    from mitigator.policy import ExpectedLossPolicy, PolicyConfig
+    from mitigator.policy import POLICIES, PolicyConfig
     from mitigator.service import MitigationService, pin_request
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -105,6 +106,9 @@ def mitigate(
         bus.close()
         typer.echo(f"{'pin' if pin else 'unpin'} request for {pin or unpin} published")
         return
+    if policy not in POLICIES:
+        known = ", ".join(POLICIES)
+        raise typer.BadParameter(f"unknown policy {policy!r}; known: {known}", param_hint="--policy")
     try:
         config = PolicyConfig(
             watch_at=watch_at,
@@ -119,7 +123,7 @@ def mitigate(
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    channel = FileChannel(control_dir) if control_dir else TopicChannel(bus)
+    channel = CHANNELS["file"](control_dir) if control_dir else CHANNELS["topic"](bus)
     jobs = FileJobs(control_dir) if control_dir else StaticJobs()
     executor = Executor(
         AuditLog(audit, bus=bus),
@@ -130,7 +134,7 @@ def mitigate(
     )
     service = MitigationService(
         bus,
-        MitigationEngine(ExpectedLossPolicy(config), jobs=jobs, fleet_size=fleet_size),
+        MitigationEngine(POLICIES[policy](config), jobs=jobs, fleet_size=fleet_size),
         executor,
         group=group,
     )
