@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -79,14 +80,18 @@ class OnlineFeatureEngine:
 
         The records form one micro-batch: their order inside it does not matter.
         """
-        for kind, frame in records_to_frames(records).items():
-            self._add(kind, frame)
-        self._advance_to_watermark()
+        self.update_frames(records_to_frames(records))
 
     def update_frame(self, kind: str, frame: pd.DataFrame) -> None:
         """Add one micro-batch of ``kind`` (``gpu``, ``xid``, ``link``) in dataset-layout columns."""
-        self._add(kind, frame)
-        self._advance_to_watermark()
+        self.update_frames({kind: frame})
+
+    def update_frames(self, frames: Mapping[str, pd.DataFrame]) -> None:
+        """Add one micro-batch of several kinds at once (order inside it does not matter)."""
+        for kind, frame in frames.items():
+            self._add(kind, frame)
+        if self._watermark >= 0:
+            self._advance((self._watermark - self.tolerance_ms) // self.feature_set.bucket_ms)
 
     def _add(self, kind: str, frame: pd.DataFrame) -> None:
         if not len(frame):
@@ -101,10 +106,6 @@ class OnlineFeatureEngine:
         if len(cols["ts"]):
             self._pending[kind].append(cols)
             self._watermark = max(self._watermark, int(cols["ts"].max()))
-
-    def _advance_to_watermark(self) -> None:
-        if self._watermark >= 0:
-            self._advance((self._watermark - self.tolerance_ms) // self.feature_set.bucket_ms)
 
     def _grow(self, n: int) -> None:
         for r, ring in self._rings.items():
