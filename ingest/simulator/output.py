@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,14 @@ def write_dataset(
 
     Chunks are row groups; a part (the same time span in every table) closes once its GPU
     table holds ``part_rows`` rows. ``on_chunk`` is called after each chunk (progress bars).
+    Parquet encoding of chunk i overlaps the generation of chunk i+1 (one writer thread, so
+    parts are written in order and the bytes do not change); memory holds two chunks.
     """
     writer = DatasetWriter(directory, overwrite=overwrite)
     rows = 0
-    for chunk in sim.chunks():
+
+    def write(chunk: Chunk) -> None:
+        nonlocal rows
         writer.write_part("gpu", chunk.gpu)
         writer.write_part("xid", chunk.xid)
         writer.write_part("link", chunk.link)
@@ -48,12 +53,26 @@ def write_dataset(
         if rows >= part_rows:
             writer.end_part()
             rows = 0
-        if on_chunk is not None:
-            on_chunk(chunk)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-writer") as pool:
+        pending: tuple[Future, Chunk] | None = None
+        for chunk in sim.chunks():
+            if pending is not None:
+                _finish(pending, on_chunk)
+            pending = (pool.submit(write, chunk), chunk)
+        if pending is not None:
+            _finish(pending, on_chunk)
     writer.write_events(sim.events_table())
     writer.write_ground_truth(sim.ground_truth_table())
     writer.write_manifest(sim.manifest())
     return Path(directory)
+
+
+def _finish(pending: tuple[Future, Chunk], on_chunk: Callable[[Chunk], None] | None) -> None:
+    future, chunk = pending
+    future.result()
+    if on_chunk is not None:
+        on_chunk(chunk)
 
 
 def node_events(sim: Simulator) -> list[NodeEvent]:
