@@ -53,9 +53,8 @@ class MitigationService:
         else:
             return []
         outcomes = self.executor.apply(plan)
-        for o in outcomes:
-            if o.status != "skipped" or self.executor.dry_run:
-                self.engine.settle(o.action, o.succeeded or self.executor.dry_run)
+        for o in outcomes:  # a dry run settles as if it had worked, so it simulates the whole episode
+            self.engine.settle(o.action, o.succeeded or self.executor.dry_run)
         self.outcomes.extend(outcomes)
         return outcomes
 

@@ -259,3 +259,16 @@ def test_pinned_node_is_never_acted_on_until_unpinned(tmp_path):
     ]
     assert [e.action for e in pins] == ["pin", "unpin"]
     assert all(isinstance(e, MitigationEvent) for e in pins)
+
+
+def test_failed_migration_skips_the_drain_and_frees_the_spare(tmp_path):
+    service, _, sched = rig(tmp_path, [job("llm", ["n1", "n2", "n3", "n4"])])
+    service.executor.channel = None  # the job cannot be reached
+    outcomes = feed(service, [risk("n1", i, p) for i, p in enumerate([0.5, 0.9, 0.95])])
+    assert [(o.action.kind, o.status) for o in outcomes] == [("migrate", "failed"), ("drain", "skipped")]
+    assert sched.calls == []
+    assert service.engine.state("n1") is NodeState.WATCH
+    service.executor.channel = FileChannel(tmp_path / "control")
+    retry = feed(service, [risk("n1", 10 + i, 0.95) for i in range(2)])
+    assert [(o.action.kind, o.status) for o in retry] == [("migrate", "succeeded"), ("drain", "succeeded")]
+    assert retry[0].action.replacement == "spare0"
