@@ -205,6 +205,7 @@ class Simulator:
                     unit.append(np.array([u]))
                     code.append(np.array([x]))
         ts_a, node_a, unit_a, code_a = (np.concatenate(a).astype(np.int64) for a in (ts, node, unit, code))
+        np.maximum(ts_a, self.start_ms, out=ts_a)  # an Xid "since the previous sample" of the first one
         order = np.lexsort((unit_a, node_a, ts_a))
         ts_a, node_a, unit_a, code_a = ts_a[order], node_a[order], unit_a[order], code_a[order]
         buses = pci_bus_ids(self.gpus)
