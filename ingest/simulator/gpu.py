@@ -67,21 +67,25 @@ _PCIE: Final = 150.0
 _POWER_SPIKES: Final = 25.0
 _THERMAL_DRIFT_C: Final = 20.0
 
+# the text after "pid=..., name=...," in real kernel-log lines (shared/realdata/xid/xid_lines.txt)
 XID_MESSAGES: Final[dict[int, str]] = {
-    13: "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
-    31: "MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f3c_12340000. Fault is of type FAULT_PDE",
-    43: "Ch 00000008, intr 00000000. reset channel verif error",
-    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer",
-    63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
+    13: "Graphics SM Global Exception on (GPC 8, TPC 5, SM 1): Multiple Warp Errors",
+    31: "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_14 faulted @ 0x7f2f_cca58000. "
+    "Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+    43: "Ch 00000008",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at physAddr "
+    "0x12bac1c3e0 partition 2, subpartition 1.",
+    63: "Row Remapper: New row (0x00000012bac1c3e0) marked for remapping, reset gpu to activate.",
     64: "Row Remapper: Failed to remap a row",
-    74: "NVLink: fatal error detected on link 5",
+    74: "NVLink: fatal error detected on link 14(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
     79: "GPU has fallen off the bus.",
     92: "High single-bit ECC error rate",
     94: "Contained: SM (0x1). RST: No, D-RST: No",
     95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
-    109: "Ctx switch timeout",
-    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
-    120: "GSP task timeout @ pc:0x4ce0c4f, partition:0",
+    109: "Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x58005",
+    119: "Timeout after 6s of waiting for RPC response from GPU4 GSP! Expected function 103 (GSP_RM_ALLOC) "
+    "(0x2081 0x4).",
+    120: "Ch 00000005",
 }
 
 _COUNTERS: Final = (
