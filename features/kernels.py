@@ -170,8 +170,8 @@ def reduce_direct(op: str, window: np.ndarray, aux: np.ndarray | None = None) ->
     window = np.ascontiguousarray(window)
     if op == "sum":
         return window.sum(axis=-1)
-    if op in ("sum_k", "sum_kk"):
-        k = np.arange(window.shape[-1], dtype=np.float64)
+    if op in ("sum_k", "sum_kk"):  # positions centred on the window's middle: less cancellation
+        k = np.arange(window.shape[-1], dtype=np.float64) - (window.shape[-1] - 1) / 2
         return (window * (k if op == "sum_k" else k * k)).sum(axis=-1)
     if op == "max":
         return window.max(axis=-1, initial=-np.inf)

@@ -105,8 +105,9 @@ class Stat:
 class Reduction:
     """One reduction of a window of buckets: ``op`` over ``stat`` (``aux`` marks presence for ``last``).
 
-    Ops: ``sum``, ``sum_k`` and ``sum_kk`` (weighted by the bucket's position k = 0..W-1 in the
-    window, oldest first), ``max``, ``min``, ``last`` (value of the newest bucket whose ``aux`` > 0).
+    Ops: ``sum``, ``sum_k`` and ``sum_kk`` (weighted by the bucket's position k in the window,
+    oldest first, centred: k = i - (W - 1) / 2), ``max``, ``min``, ``last`` (value of the newest
+    bucket whose ``aux`` > 0).
     """
 
     op: str
