@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -98,7 +99,13 @@ class _TrainState(Stateful):
 
 
 class TrainingHook:
-    """Listen for the mitigator's commands and keep resumable snapshots (see the module docstring)."""
+    """Listen for the mitigator's commands and keep resumable snapshots (see the module docstring).
+
+    ``every_steps``: periodic snapshot interval (0: only on command). ``status_root``: where rank 0
+    publishes the job's status for :class:`mitigator.jobs.FileJobs` (nodes, last durable snapshot).
+    ``keep``: complete snapshots to keep. ``leave``: how this node leaves the job (default: stop the
+    torchrun agent). ``ckpt_dir`` must be on storage every rank (and every spare) can read.
+    """
 
     def __init__(
         self,
@@ -219,16 +226,14 @@ class TrainingHook:
         os._exit(RESCALE_EXIT_CODE)  # not sys.exit: tearing down groups with a departed peer can hang
 
     def _prune(self, newest: int) -> None:
-        done = sorted(
-            (int(m.group(1)), p)
-            for p in self.ckpt_dir.glob("step-*")
-            if (m := _SNAPSHOT.match(p.name)) and (p / "COMPLETE").exists()
+        """Keep the newest ``keep`` complete snapshots; drop older ones and any older unfinished one."""
+        found = sorted(
+            (int(m.group(1)), p) for p in self.ckpt_dir.glob("step-*") if (m := _SNAPSHOT.match(p.name))
         )
-        for step, path in done[: -self.keep] if self.keep > 0 else []:
-            if step < newest:
-                for f in sorted(path.rglob("*"), reverse=True):
-                    f.unlink() if f.is_file() else f.rmdir()
-                path.rmdir()
+        kept = [s for s, p in found if (p / "COMPLETE").exists()][-self.keep :] if self.keep > 0 else [newest]
+        for step, path in found:
+            if step < newest and step not in kept:
+                shutil.rmtree(path, ignore_errors=True)
 
     def _publish_status(self) -> None:
         if self.status_root is None or self._rank != 0:
