@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages the integration tests run for real (idempotent; root or sudo).
+# Slurm: Debian's slurm-wlm (slurmctld, slurmd, scontrol, sinfo) and munge; tests/fixtures/slurm.py
+# starts munged, slurmctld and one slurmd per node on this host (no systemd needed) from a temp dir.
 set -euo pipefail
 need=()
 command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
