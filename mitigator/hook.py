@@ -21,6 +21,11 @@ the ranks on the leaving node stop their torchrun agent with SIGTERM — torchru
 "agent died by a signal" path, which (unlike a clean exit) does *not* close the rendezvous — and the
 other ranks exit with :data:`RESCALE_EXIT_CODE` so their agents re-rendezvous, with a spare in the
 leaving node's place, and resume from that snapshot: no step is lost.
+
+Launch with ``torchrun --nnodes=N:N --rdzv-backend=c10d …`` on the job's nodes and on the spares
+(a spare's agent waits in the rendezvous' redundancy list), and set
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` for the agents: with torch's default shared TCP store a
+spare that joins in a later round waits forever for the store address (found in the drill).
 """
 
 from __future__ import annotations
