@@ -4,8 +4,9 @@ For every action: skip it if its id already succeeded (audit log), record ``plan
 record ``skipped`` (dry run: nothing is touched) or try up to ``attempts`` times with exponential
 backoff, recording ``started`` and ``succeeded``/``failed`` for each attempt. Later actions of the
 same plan are skipped when an earlier one failed (a node is not drained when its job could not be
-told to leave). A migration waits for the hook's ack (snapshot durable, ranks left) before the
-drain that follows it, so an eviction never races the snapshot.
+told to leave). A checkpoint succeeds once its command is durably delivered; a migration waits for
+the hook's ack (snapshot durable, ranks left) before the drain that follows it, so an eviction never
+races the snapshot (the loop is blocked meanwhile, at most ``ack_timeout_s``).
 """
 
 from __future__ import annotations
