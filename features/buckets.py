@@ -81,18 +81,24 @@ def _dedup_last(keys: list[np.ndarray]) -> np.ndarray:
     return order[~same]
 
 
-def _increases(vals: np.ndarray, node: np.ndarray, member: np.ndarray, carry: np.ndarray) -> np.ndarray:
-    """Reset-aware increases of counter ``vals`` per (node, member); rows are in ts order per member.
+def _member_order(node: np.ndarray, member: np.ndarray) -> np.ndarray:
+    """Rows grouped by (node, member), ts order kept inside each group (rows come in ts order)."""
+    return np.argsort(node * np.int64(1 << 20) + member, kind="stable")
+
+
+def _increases(
+    vals: np.ndarray, node: np.ndarray, member: np.ndarray, order: np.ndarray, carry: np.ndarray
+) -> np.ndarray:
+    """Reset-aware increases of counter ``vals`` per (node, member), ``order`` from :func:`_member_order`.
 
     ``carry[node, member]`` holds the previous value (NaN: none) and is updated in place.
     """
-    order = np.argsort(node * np.int64(1 << 20) + member, kind="stable")
     v = vals[order]
     valid = ~np.isnan(v)
-    vi, gn, gm = v[valid], node[order][valid], member[order][valid]
     inc = np.zeros(len(vals))
-    if not len(vi):
+    if not valid.any():
         return inc
+    vi, gn, gm = v[valid], node[order][valid], member[order][valid]
     change = (gn[1:] != gn[:-1]) | (gm[1:] != gm[:-1])
     first, last = np.r_[True, change], np.r_[change, True]
     prev = np.empty(len(vi))
@@ -133,10 +139,9 @@ def _gpu_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) ->
     if counters and len(ts):
         carry.gpu = _grow(carry.gpu, int(node.max()) + 1, int(gpu.max()) + 1, len(gpu_columns(fs)))
         names = gpu_columns(fs)
+        order = _member_order(node, gpu)
         for name in counters:
-            inc[name] = _increases(
-                cols[name][keep].astype(np.float64), node, gpu, carry.gpu[:, :, names.index(name)]
-            )
+            inc[name] = _increases(cols[name][keep], node, gpu, order, carry.gpu[:, :, names.index(name)])
     idx = np.arange(len(ts))
     for s in stats:
         if s.kind in ("inc", "incgpus"):
@@ -208,6 +213,7 @@ def _link_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) -
     names = link_columns(fs)
     if names and len(ts):
         carry.link = _grow(carry.link, int(node.max()) + 1, int(port.max()) + 1, len(names))
+    order = _member_order(node, port)
     for s in stats:
         if not len(ts):
             out[s] = np.zeros(0)
@@ -215,9 +221,7 @@ def _link_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) -
             down = cols["down"][keep]
             out[s] = _distinct_per_segment(seg, port, down > 0, len(starts))
         else:
-            v = _increases(
-                cols[s.field][keep].astype(np.float64), node, port, carry.link[:, :, names.index(s.field)]
-            )
+            v = _increases(cols[s.field][keep], node, port, order, carry.link[:, :, names.index(s.field)])
             out[s] = np.add.reduceat(v, starts)
     return keys, out
 

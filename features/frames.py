@@ -55,7 +55,12 @@ class Codes:
 def _float(df: pd.DataFrame, name: str) -> np.ndarray:
     if name not in df.columns:
         return np.full(len(df), np.nan)
-    return pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    col = df[name]
+    if col.dtype == np.float64:
+        return col.to_numpy()
+    if not pd.api.types.is_numeric_dtype(col.dtype):
+        col = pd.to_numeric(col, errors="coerce")
+    return col.to_numpy(dtype=np.float64, na_value=np.nan)
 
 
 def _int(df: pd.DataFrame, name: str, default: int) -> np.ndarray:

@@ -71,8 +71,11 @@ class OnlineFeatureEngine:
         for r, group in by_len.items():
             for i, s in enumerate(group):
                 self._ring_of[s] = (r, i)
-        self._fill = {r: np.array([empty_value(s) for s in group]) for r, group in by_len.items()}
-        self._rings = {r: np.broadcast_to(self._fill[r], (0, r, len(g))).copy() for r, g in by_len.items()}
+        # one (stats, nodes, R) array per ring length R; a bucket b lives in slot b % R
+        self._fill = {
+            r: np.array([empty_value(s) for s in group])[:, None, None] for r, group in by_len.items()
+        }
+        self._rings = {r: np.broadcast_to(self._fill[r], (len(g), 0, r)).copy() for r, g in by_len.items()}
 
     # -- updates -----------------------------------------------------------------------------
     def update(self, records: Any) -> None:
@@ -109,10 +112,10 @@ class OnlineFeatureEngine:
 
     def _grow(self, n: int) -> None:
         for r, ring in self._rings.items():
-            if ring.shape[0] < n:
-                cap = max(n, 2 * ring.shape[0], 16)
-                new = np.broadcast_to(self._fill[r], (cap, r, ring.shape[2])).copy()
-                new[: ring.shape[0]] = ring
+            if ring.shape[1] < n:
+                cap = max(n, 2 * ring.shape[1], 16)
+                new = np.broadcast_to(self._fill[r], (ring.shape[0], cap, r)).copy()
+                new[:, : ring.shape[1]] = ring
                 self._rings[r] = new
 
     def _take_pending(self, before: int, remove: bool) -> dict[str, dict[str, np.ndarray] | None]:
@@ -149,11 +152,11 @@ class OnlineFeatureEngine:
             if target - self._frontier >= r:
                 ring[:] = self._fill[r]
             else:
-                ring[:, np.arange(self._frontier, target) % r] = self._fill[r]
+                ring[:, :, np.arange(self._frontier, target) % r] = self._fill[r]
         stats = self.feature_set.stats
         for j, s in enumerate(stats):
             r, i = self._ring_of[s]
-            self._rings[r][table.node, table.bucket % r, i] = table.values[:, j]
+            self._rings[r][i, table.node, table.bucket % r] = table.values[:, j]
         self._frontier = target
 
     # -- queries -----------------------------------------------------------------------------
@@ -183,10 +186,18 @@ class OnlineFeatureEngine:
         if end - w < frontier - r:
             raise ValueError(f"window of {s.key} before t is no longer held (history_ms too short)")
         idx = np.arange(end - w, end)
-        win = self._rings[r][rows[:, None], (idx % r)[None, :], i]
+        ring = self._rings[r][i]
+        ident = len(rows) == len(self._nodes) and bool((rows == np.arange(len(rows))).all())
+        sel = slice(0, len(rows)) if ident else rows
+        first, split = (end - w) % r, min(w, r - (end - w) % r)  # slots: one run, or two when wrapping
+        if split == w:
+            win = ring[sel, first : first + w]
+            win = win.copy() if ident else win
+        else:
+            win = np.concatenate([ring[sel, first:], ring[sel, : w - split]], axis=1)
         newer = idx >= frontier
         if newer.any():
-            win[:, newer] = self._fill[r][i]
+            win[:, newer] = self._fill[r][i, 0, 0]
             pos = np.full(len(self._nodes), -1)
             pos[rows] = np.arange(len(rows))
             hit = (open_table.bucket >= end - w) & (open_table.bucket < end) & (pos[open_table.node] >= 0)
@@ -259,7 +270,7 @@ class OnlineFeatureEngine:
         }
         n = len(self._nodes)
         for r, ring in self._rings.items():
-            arrays[f"ring_{r}"] = ring[:n]
+            arrays[f"ring_{r}"] = ring[:, :n]
         for kind in KINDS:
             chunks = self._pending[kind]
             if chunks:
@@ -289,7 +300,7 @@ class OnlineFeatureEngine:
             engine._grow(len(engine._nodes))
             for r in meta["rings"]:
                 saved = data[f"ring_{r}"]
-                engine._rings[r][: len(saved)] = saved
+                engine._rings[r][:, : saved.shape[1]] = saved
             for kind in KINDS:
                 prefix = f"pending_{kind}_"
                 cols = {k[len(prefix) :]: data[k] for k in data.files if k.startswith(prefix)}

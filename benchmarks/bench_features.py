@@ -1,0 +1,158 @@
+"""Feature pipeline throughput: online and batch engines on one core, against the obvious pandas way.
+
+Prints, in one run:
+- online: GPU samples/s ingested on one core (one scrape of every node per micro-batch), and the
+  latency of one ``features_at`` over every node;
+- batch: GPU samples/s of ``compute_features`` on one core (default feature set);
+- baseline: the GPU gauge and counter features computed the obvious way (pandas
+  groupby-rolling per feature, evaluated at the ticks), against the batch engine on the same
+  features, with the ratio and the largest difference between the two tables;
+- online state bytes per node, and for 2,048 nodes x 8 GPUs.
+
+Targets (issue 5): online >= 200,000 GPU samples/s per core; batch >= 5x the baseline; state
+for 2,048 nodes < 1 GiB. Run ``.venv/bin/python benchmarks/bench_features.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import pandas as pd
+
+from features import DEFAULT_FEATURE_SET
+from features.batch import compute_features
+from features.online import OnlineFeatureEngine
+from features.spec import GPU_COUNTERS
+from ingest.contract import GPU_FIELDS, LINK_COUNTERS
+
+T0 = 1_767_225_600_000
+INTERVAL = 30_000
+GPUS = 8
+PORTS = 4
+
+
+def telemetry(nodes: int, hours: float, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Synthetic dataset-layout frames: every GPU field, IB ports, a sprinkle of Xids."""
+    rng = np.random.default_rng(seed)
+    steps = int(hours * 3_600_000 // INTERVAL)
+    names = np.array([f"node{i:04d}" for i in range(nodes)], dtype=object)
+    ts = np.repeat(T0 + np.arange(steps, dtype=np.int64) * INTERVAL, nodes * GPUS)
+    gpu = pd.DataFrame({"node": np.tile(np.repeat(names, GPUS), steps), "ts": ts,
+                        "gpu": np.tile(np.arange(GPUS), steps * nodes)})
+    n = len(gpu)
+    for f in GPU_FIELDS:
+        if f in GPU_COUNTERS:
+            inc = rng.poisson(0.05, size=(steps, nodes * GPUS))
+            gpu[f] = np.cumsum(inc, axis=0).reshape(-1).astype(np.float64)
+        else:
+            gpu[f] = rng.normal(60, 5, n)
+    link_ts = np.repeat(T0 + np.arange(steps, dtype=np.int64) * INTERVAL, nodes * PORTS)
+    link = pd.DataFrame({"node": np.tile(np.repeat(names, PORTS), steps), "ts": link_ts,
+                         "port": np.tile([f"mlx5_{p}/1" for p in range(PORTS)], steps * nodes), "kind": "ib",
+                         "state": "4: ACTIVE"})
+    for c in LINK_COUNTERS:
+        link[c] = np.cumsum(rng.poisson(0.02, size=(steps, nodes * PORTS)), axis=0).reshape(-1)
+    k = max(1, n // 5000)
+    xid = pd.DataFrame({"node": rng.choice(names, k), "ts": np.sort(rng.integers(T0, int(ts[-1]), k)),
+                        "gpu": rng.integers(0, GPUS, k), "xid": rng.choice([13, 48, 79, 94, 119], k), "count": 1})
+    return {"gpu": gpu, "xid": xid, "link": link}
+
+
+def bench_online(nodes: int, hours: float) -> tuple[float, float, int]:
+    frames = telemetry(nodes, hours, seed=1)
+    gpu, link, xid = frames["gpu"], frames["link"], frames["xid"]
+    g_ts, l_ts, x_ts = gpu["ts"].to_numpy(), link["ts"].to_numpy(), xid["ts"].to_numpy()
+    scrapes = np.unique(g_ts)
+    g_cut, l_cut, x_cut = (np.searchsorted(a, scrapes) for a in (g_ts, l_ts, x_ts))
+    batches = []
+    for i in range(len(scrapes)):  # one scrape of every node = one micro-batch
+        j = slice(g_cut[i], g_cut[i + 1] if i + 1 < len(scrapes) else len(gpu))
+        k = slice(l_cut[i], l_cut[i + 1] if i + 1 < len(scrapes) else len(link))
+        x = slice(x_cut[i], x_cut[i + 1] if i + 1 < len(scrapes) else len(xid))
+        batches.append({"gpu": gpu.iloc[j], "link": link.iloc[k], "xid": xid.iloc[x]})
+    engine = OnlineFeatureEngine(tolerance_ms=INTERVAL)
+    start = time.perf_counter()
+    for b in batches:
+        engine.update_frames(b)
+    ingest_s = time.perf_counter() - start
+    start = time.perf_counter()
+    table = engine.features_at(int(scrapes[-1]))
+    query_s = time.perf_counter() - start
+    assert len(table) == nodes
+    return len(gpu) / ingest_s, query_s, engine.state_bytes()
+
+
+def _baseline(gpu: pd.DataFrame, ticks: np.ndarray, fs) -> pd.DataFrame:
+    """Each feature the obvious way: per-feature groupby-rolling over the raw samples."""
+    nodes = np.sort(gpu["node"].unique())
+    tick_rows = pd.DataFrame({"node": np.repeat(nodes, len(ticks)), "ts": np.tile(ticks, len(nodes)), "_tick": True})
+    out = tick_rows[["node", "ts"]].copy()
+    for f in fs.features:
+        if f.agg == "increase":
+            prev = gpu.groupby(["node", "gpu"])[f.field].shift()
+            d = np.where(prev.isna(), 0.0, np.where(gpu[f.field] >= prev, gpu[f.field] - prev, gpu[f.field]))
+            vals = pd.DataFrame({"node": gpu["node"], "ts": gpu["ts"], "v": np.where(gpu[f.field].isna(), 0, d)})
+        else:
+            vals = pd.DataFrame({"node": gpu["node"], "ts": gpu["ts"], "v": gpu[f.field]})
+        both = pd.concat([vals.assign(_tick=False), tick_rows], ignore_index=True)
+        both = both.sort_values(["node", "ts"], kind="stable")
+        both.index = pd.to_datetime(both["ts"], unit="ms")
+        roll = both.groupby("node")["v"].rolling(pd.Timedelta(milliseconds=f.window_ms), closed="left")
+        agg = {"mean": roll.mean, "max": roll.max, "min": roll.min, "increase": roll.sum,
+               "std": lambda r=roll: r.std(ddof=0)}[f.agg]()
+        out[f.name] = agg.to_numpy()[both["_tick"].fillna(False).to_numpy(bool)]
+    return out
+
+
+def bench_batch(nodes: int, hours: float) -> dict[str, float]:
+    frames = telemetry(nodes, hours, seed=2)
+    n = len(frames["gpu"])
+    start = time.perf_counter()
+    full = compute_features(gpu=frames["gpu"], xid=frames["xid"], link=frames["link"])
+    full_s = time.perf_counter() - start
+    subset = DEFAULT_FEATURE_SET.select([f.name for f in DEFAULT_FEATURE_SET.features
+                                         if f.source == "gpu" and f.agg in ("mean", "max", "min", "std", "increase")])
+    start = time.perf_counter()
+    ours = compute_features(gpu=frames["gpu"], feature_set=subset)
+    ours_s = time.perf_counter() - start
+    ticks = np.sort(ours["ts"].unique())
+    start = time.perf_counter()
+    base = _baseline(frames["gpu"], ticks, subset)
+    base_s = time.perf_counter() - start
+    merged = ours.merge(base, on=["node", "ts"], suffixes=("", "_base"))
+    diff = max(float(np.nanmax(np.abs(merged[c] - merged[c + "_base"]) / np.maximum(1, np.abs(merged[c]))))
+               for c in subset.names)
+    return {"rows": len(full), "gpu_samples": n, "full_s": full_s, "subset_features": len(subset.names),
+            "ours_s": ours_s, "base_s": base_s, "max_rel_diff": diff}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+    on_nodes, on_hours = (64, 0.5) if args.quick else (512, 1.0)
+    b_nodes, b_hours = (8, 2.0) if args.quick else (48, 6.0)
+
+    rate, query_s, state = bench_online(on_nodes, on_hours)
+    per_node = state / on_nodes
+    print(f"online : {rate:>12,.0f} GPU-samples/s on one core ({on_nodes} nodes x {GPUS} GPUs, {on_hours} h; "
+          f"target >= 200,000) ; features_at over all nodes {query_s * 1000:.0f} ms")
+    print(f"state  : {per_node / 1024:>12,.1f} KiB per node -> {per_node * 2048 / 2**30:.2f} GiB for 2,048 nodes "
+          f"x {GPUS} GPUs (target < 1 GiB)")
+    r = bench_batch(b_nodes, b_hours)
+    print(f"batch  : {r['gpu_samples'] / r['full_s']:>12,.0f} GPU-samples/s on one core, default set "
+          f"({len(DEFAULT_FEATURE_SET.names)} features, {r['rows']:,} rows, {r['full_s']:.2f} s)")
+    print(f"subset : {r['subset_features']} GPU gauge/counter features: engine {r['ours_s']:.2f} s "
+          f"({r['gpu_samples'] / r['ours_s']:,.0f} GPU-samples/s) vs pandas groupby-rolling "
+          f"{r['base_s']:.2f} s ({r['gpu_samples'] / r['base_s']:,.0f} GPU-samples/s)")
+    print(f"ratio  : {r['base_s'] / r['ours_s']:>12.1f}x faster than the obvious pandas way (target >= 5x); "
+          f"largest relative difference between the two tables {r['max_rel_diff']:.1e}")
+
+
+if __name__ == "__main__":
+    main()
