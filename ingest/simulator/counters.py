@@ -51,8 +51,11 @@ def cumulative(
     updated in place to the value after the chunk.
     """
     nodes, units = carry.shape
-    out = np.empty((steps, nodes * units), dtype=np.int64)
-    out[:] = carry.reshape(1, -1)
+    if carry.any():
+        out = np.empty((steps, nodes * units), dtype=np.int64)
+        out[:] = carry.reshape(1, -1)
+    else:  # most counters of most units never moved: zeroed pages cost nothing until read
+        out = np.zeros((steps, nodes * units), dtype=np.int64)
     arrays = inc.arrays()
     if arrays is not None:
         step, node, unit, amount = arrays
@@ -79,8 +82,9 @@ def stateful_gauge(carry: np.ndarray, steps: int, sets: list[tuple[int, int, int
 
     A unit of ``None`` sets every unit of the node. Sets apply in time order; ``carry`` is updated.
     """
-    out = np.empty((steps, *carry.shape), dtype=np.int64)
-    out[:] = carry
+    out = np.zeros((steps, *carry.shape), dtype=np.int64)
+    if carry.any():
+        out[:] = carry
     for step, node, unit, value in sorted(sets, key=lambda s: s[0]):
         where = slice(None) if unit is None else unit
         out[step:, node, where] = value
