@@ -31,8 +31,7 @@ def size_table(table: pd.DataFrame, recall: float) -> pd.DataFrame:
     return out
 
 
-def plot_ettr_vs_size(table: pd.DataFrame, recall: float,
-                      title: str = "ETTR against cluster size") -> Figure:
+def plot_ettr_vs_size(table: pd.DataFrame, recall: float, title: str = "ETTR against cluster size") -> Figure:
     """ETTR of each strategy against the job's GPU count (log axis), Foreshock at ``recall``."""
     wide = size_table(table, recall)
     fig = Figure(figsize=(7.5, 4.6))

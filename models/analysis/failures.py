@@ -65,7 +65,11 @@ SIGNALS: Final = (
     Signal("InfiniBand symbol errors (increase)", "link", "symbol_error", "sum", True),
 )
 PRECURSOR_SIGNAL: Final = {
-    "thermal": SIGNALS[0], "ecc": SIGNALS[1], "nvlink": SIGNALS[2], "pcie": SIGNALS[3], "power": SIGNALS[4],
+    "thermal": SIGNALS[0],
+    "ecc": SIGNALS[1],
+    "nvlink": SIGNALS[2],
+    "pcie": SIGNALS[3],
+    "power": SIGNALS[4],
     "ib_link": SIGNALS[5],
 }
 """The signal in which each simulator precursor kind shows first."""
@@ -101,8 +105,13 @@ def plot_failure_mix(mix: pd.DataFrame, title: str = "Failure mix by cause: obse
     ax = fig.subplots()
     y = np.arange(len(mix))[::-1]
     ax.barh(y + 0.2, mix["profile_share"], height=0.4, color="#95a5a6", label="profile share")
-    ax.barh(y - 0.2, mix["observed_share"], height=0.4, color="#2c7fb8",
-            label=f"observed share ({int(mix['failures'].sum())} failures)")
+    ax.barh(
+        y - 0.2,
+        mix["observed_share"],
+        height=0.4,
+        color="#2c7fb8",
+        label=f"observed share ({int(mix['failures'].sum())} failures)",
+    )
     ax.set_yticks(y, mix["cause"], fontsize=8)
     ax.set_xlabel("share of failures")
     ax.set_title(title)
@@ -135,8 +144,9 @@ def pick_healthy_node(truth: pd.DataFrame, nodes: int, start_ms: int, end_ms: in
     raise ValueError("every node fails or is in repair during that window")
 
 
-def node_signals(data_dir: str | Path, node: str, start_ms: int, end_ms: int,
-                 signals: tuple[Signal, ...] = SIGNALS) -> pd.DataFrame:
+def node_signals(
+    data_dir: str | Path, node: str, start_ms: int, end_ms: int, signals: tuple[Signal, ...] = SIGNALS
+) -> pd.DataFrame:
     """One row per sampling instant of ``node`` in ``[start_ms, end_ms)``, one column per signal label.
 
     Counters are reduced over GPUs/ports, then shown as increase since the window's first sample.
@@ -156,8 +166,9 @@ def node_signals(data_dir: str | Path, node: str, start_ms: int, end_ms: int,
     return pd.concat(parts, axis=1).sort_index()
 
 
-def plot_foreshocks(failing: pd.DataFrame, healthy: pd.DataFrame, failure: pd.Series,
-                    healthy_node: str) -> Figure:
+def plot_foreshocks(
+    failing: pd.DataFrame, healthy: pd.DataFrame, failure: pd.Series, healthy_node: str
+) -> Figure:
     """Each signal against hours to the failure: the failing node in red, a healthy node in grey.
 
     ``failing``/``healthy`` come from :func:`node_signals` over the same window; ``failure`` is a
@@ -176,16 +187,20 @@ def plot_foreshocks(failing: pd.DataFrame, healthy: pd.DataFrame, failure: pd.Se
         if pd.notna(failure["precursor_start_ms"]):
             ax.axvspan((int(failure["precursor_start_ms"]) - t0) / _HOUR_MS, 0, color="#f5b7b1", alpha=0.35)
         shows = lead_signal is not None and col == lead_signal.label
-        ax.set_title(f"{col}  <- this precursor" if shows else col, fontsize=9,
-                     color="#c0392b" if shows else "black")
+        ax.set_title(
+            f"{col}  <- this precursor" if shows else col, fontsize=9, color="#c0392b" if shows else "black"
+        )
         ax.tick_params(labelsize=8)
-    for ax in axes[len(cols):]:
+    for ax in axes[len(cols) :]:
         ax.set_visible(False)
     for ax in axes[-2:]:
         ax.set_xlabel("hours relative to the failure")
     axes[0].legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"Foreshocks of {failure['node']} ({failure['cause']}, precursor {failure['precursor']}) "
-                 f"beside healthy {healthy_node}", fontsize=11)
+    fig.suptitle(
+        f"Foreshocks of {failure['node']} ({failure['cause']}, precursor {failure['precursor']}) "
+        f"beside healthy {healthy_node}",
+        fontsize=11,
+    )
     fig.tight_layout()
     return fig
 
@@ -226,8 +241,9 @@ def plot_xid_frequency(freq: pd.DataFrame, title: str = "Xid codes by frequency 
     y = np.arange(len(freq))[::-1]
     colors = [SEVERITY_COLORS.get(s, SEVERITY_COLORS["UNKNOWN"]) for s in freq["severity"]]
     ax.barh(y, freq["events"], color=colors)
-    ax.set_yticks(y, [f"Xid {x} {m[:28]}" for x, m in zip(freq["xid"], freq["mnemonic"], strict=True)],
-                  fontsize=8)
+    ax.set_yticks(
+        y, [f"Xid {x} {m[:28]}" for x, m in zip(freq["xid"], freq["mnemonic"], strict=True)], fontsize=8
+    )
     for sev, color in SEVERITY_COLORS.items():
         if sev in set(freq["severity"]):
             ax.barh([np.nan], [np.nan], color=color, label=sev)
@@ -249,17 +265,28 @@ def time_between_failures(data_dir: str | Path) -> tuple[pd.Series, float]:
     return gaps, span_h / len(ts) if len(ts) else float("inf")
 
 
-def plot_time_between_failures(gaps: pd.Series, mean_gap_hours: float,
-                               title: str = "Time between failures (whole cluster)") -> Figure:
+def plot_time_between_failures(
+    gaps: pd.Series, mean_gap_hours: float, title: str = "Time between failures (whole cluster)"
+) -> Figure:
     """Histogram of gaps (density) with the exponential law of the same mean: Poisson failures."""
     fig = Figure(figsize=(7, 4))
     ax = fig.subplots()
     if len(gaps):
-        ax.hist(gaps, bins=min(30, max(5, len(gaps) // 2)), density=True, color="#2c7fb8", alpha=0.7,
-                label=f"observed ({len(gaps)} gaps, mean {gaps.mean():.1f} h)")
+        ax.hist(
+            gaps,
+            bins=min(30, max(5, len(gaps) // 2)),
+            density=True,
+            color="#2c7fb8",
+            alpha=0.7,
+            label=f"observed ({len(gaps)} gaps, mean {gaps.mean():.1f} h)",
+        )
         x = np.linspace(0, float(gaps.max()) * 1.05, 200)
-        ax.plot(x, np.exp(-x / mean_gap_hours) / mean_gap_hours, color="#c0392b",
-                label=f"exponential, mean {mean_gap_hours:.1f} h")
+        ax.plot(
+            x,
+            np.exp(-x / mean_gap_hours) / mean_gap_hours,
+            color="#c0392b",
+            label=f"exponential, mean {mean_gap_hours:.1f} h",
+        )
         ax.legend(fontsize=8)
     ax.set_xlabel("hours between consecutive failures")
     ax.set_ylabel("density")

@@ -24,8 +24,16 @@ from models.artifact import RiskModel
 from models.evaluate import PREDICTORS, scores_of
 from models.frame import build_labelled
 
-__all__ = ["ModelReport", "load_report", "test_rows", "recall_by_cause", "plot_recall_by_cause",
-           "pick_caught_and_missed", "plot_explanation", "REPORT_PLOTS"]
+__all__ = [
+    "ModelReport",
+    "load_report",
+    "test_rows",
+    "recall_by_cause",
+    "plot_recall_by_cause",
+    "pick_caught_and_missed",
+    "plot_explanation",
+    "REPORT_PLOTS",
+]
 
 REPORT_PLOTS = ("pr_curves.png", "lead_time.png", "importance_gain.png", "importance_shap.png")
 """Plots every training report holds (written by :mod:`models.plots`)."""
@@ -60,11 +68,13 @@ def load_report(source: str | Path, tracking_uri: str | None = None) -> ModelRep
 
     model = RiskModel.load(text, tracking_uri=tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-    run_id = client.get_model_version(text.removeprefix("models:/").split("@")[0].split("/")[0],
-                                      model.version).run_id
+    run_id = client.get_model_version(
+        text.removeprefix("models:/").split("@")[0].split("/")[0], model.version
+    ).run_id
     folder = Path(tempfile.mkdtemp(prefix="foreshock-report-"))
-    mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="", dst_path=str(folder),
-                                        tracking_uri=tracking_uri)
+    mlflow.artifacts.download_artifacts(
+        run_id=run_id, artifact_path="", dst_path=str(folder), tracking_uri=tracking_uri
+    )
     return ModelReport(model, json.loads((folder / "metrics.json").read_text()), folder)
 
 
@@ -85,15 +95,19 @@ def test_rows(report: ModelReport, data_dir: str | Path) -> tuple[EvalRows, dict
 def recall_by_cause(metrics: dict[str, Any]) -> pd.DataFrame:
     """Recall at the budget per failure cause (rows) and predictor (columns), with failure counts."""
     causes = metrics["model"].get("recall_by_cause") or {}
-    table = pd.DataFrame({p: {c: v["recall"] for c, v in (metrics[p].get("recall_by_cause") or {}).items()}
-                          for p in PREDICTORS})
+    table = pd.DataFrame(
+        {
+            p: {c: v["recall"] for c, v in (metrics[p].get("recall_by_cause") or {}).items()}
+            for p in PREDICTORS
+        }
+    )
     table["failures"] = pd.Series({c: v["failures"] for c, v in causes.items()})
     return table.sort_values(["failures", "model"], ascending=False)
 
 
-def plot_recall_by_cause(metrics: dict[str, Any],
-                         title: str = "Recall by failure cause (test period, at the false-alarm budget)"
-                         ) -> Figure:
+def plot_recall_by_cause(
+    metrics: dict[str, Any], title: str = "Recall by failure cause (test period, at the false-alarm budget)"
+) -> Figure:
     """Grouped horizontal bars: for each cause, the recall of the model and of each baseline."""
     table = recall_by_cause(metrics)
     fig = Figure(figsize=(8, 0.45 * max(len(table), 1) + 1.6))
@@ -149,8 +163,10 @@ def plot_explanation(model: RiskModel, row: pd.Series, title: str, k: int = 10) 
     ax.set_yticks(np.arange(len(order)), labels, fontsize=8)
     ax.axvline(0, color="black", lw=0.8)
     lead = (int(row["failure_ts"]) - int(row["ts"])) / 60_000
-    ax.set_xlabel(f"SHAP contribution (log-odds); bias {contrib[-1]:+.2f}, "
-                  f"P(fail) = {float(model.predict_proba(x)[0]):.3f}, threshold {model.threshold:.3f}")
+    ax.set_xlabel(
+        f"SHAP contribution (log-odds); bias {contrib[-1]:+.2f}, "
+        f"P(fail) = {float(model.predict_proba(x)[0]):.3f}, threshold {model.threshold:.3f}"
+    )
     ax.set_title(f"{title}: {row['node']}, {row['cause']}, {lead:.0f} min before the failure", fontsize=10)
     fig.tight_layout()
     return fig

@@ -56,8 +56,13 @@ def run_notebook(name: str, parameters: dict) -> tuple[nbformat.NotebookNode, di
 
 
 def pngs(nb: nbformat.NotebookNode) -> list[str]:
-    return [o["data"]["image/png"] for c in nb.cells if c.cell_type == "code"
-            for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    return [
+        o["data"]["image/png"]
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "image/png" in o.get("data", {})
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +70,9 @@ def dataset(tmp_path_factory) -> Path:
     """24 nodes x 2 days at a high failure rate: enough failures to train on, in a few seconds."""
     out = tmp_path_factory.mktemp("nb") / "data"
     profile = load_profile(ROOT / "datasets" / "profiles" / "llama3.toml")
-    sim = Simulator(profile, nodes=24, duration_ms=2 * 86_400_000, interval_ms=60_000, seed=3,
-                    rate_multiplier=250.0)
+    sim = Simulator(
+        profile, nodes=24, duration_ms=2 * 86_400_000, interval_ms=60_000, seed=3, rate_multiplier=250.0
+    )
     return write_dataset(sim, out)
 
 
@@ -93,8 +99,15 @@ def test_failure_analysis(dataset: Path, tmp_path: Path) -> None:
 
 
 def test_goodput(tmp_path: Path) -> None:
-    params = {"PROFILE": "llama3", "GPUS": [1024, 8192], "RECALLS": [0.0, 0.5, 1.0], "DAYS": 20.0,
-              "OPERATING_RECALL": 0.5, "METRICS": None, "OUT": str(tmp_path)}
+    params = {
+        "PROFILE": "llama3",
+        "GPUS": [1024, 8192],
+        "RECALLS": [0.0, 0.5, 1.0],
+        "DAYS": 20.0,
+        "OPERATING_RECALL": 0.5,
+        "METRICS": None,
+        "OUT": str(tmp_path),
+    }
     nb, titles = run_notebook("goodput.ipynb", params)
     assert len(pngs(nb)) == 2
     assert titles["fig_size"][0] == "ETTR against cluster size"
