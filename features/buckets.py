@@ -24,7 +24,7 @@ import numpy as np
 from features.kernels import empty_value
 from features.spec import FeatureSet, Stat
 
-__all__ = ["BucketTable", "Carry", "bucketize", "gpu_columns", "link_columns", "xid_columns"]
+__all__ = ["BucketTable", "Carry", "bucketize", "gpu_columns", "gpu_counters", "link_columns"]
 
 _KEY_SHIFT: Final = np.int64(1 << 32)
 Columns = Mapping[str, np.ndarray]
@@ -47,6 +47,13 @@ class Carry:
     link: np.ndarray = field(default_factory=lambda: np.empty((0, 0, 0)))
 
 
+def gpu_counters(fs: FeatureSet) -> tuple[str, ...]:
+    """GPU counters whose increases the set reads: the columns of ``Carry.gpu``."""
+    return tuple(
+        dict.fromkeys(s.field for s in fs.stats if s.source == "gpu" and s.kind in ("inc", "incgpus"))
+    )
+
+
 def gpu_columns(fs: FeatureSet) -> tuple[str, ...]:
     """GPU fields the set reads, in stat order."""
     return tuple(dict.fromkeys(s.field for s in fs.stats if s.source == "gpu"))
@@ -55,10 +62,6 @@ def gpu_columns(fs: FeatureSet) -> tuple[str, ...]:
 def link_columns(fs: FeatureSet) -> tuple[str, ...]:
     """Link counters the set reads (``state`` excluded)."""
     return tuple(dict.fromkeys(s.field for s in fs.stats if s.source == "link" and s.field != "state"))
-
-
-def xid_columns(fs: FeatureSet) -> tuple[str, ...]:
-    return ("xid", "count")
 
 
 def _grow(a: np.ndarray, n0: int, n1: int, n2: int) -> np.ndarray:
@@ -81,35 +84,36 @@ def _dedup_last(keys: list[np.ndarray]) -> np.ndarray:
     return order[~same]
 
 
-def _member_order(node: np.ndarray, member: np.ndarray) -> np.ndarray:
-    """Rows grouped by (node, member), ts order kept inside each group (rows come in ts order)."""
-    return np.argsort(node * np.int64(1 << 20) + member, kind="stable")
+def _increases(vals: np.ndarray, node: np.ndarray, member: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """Reset-aware increases of counters ``vals`` (rows, counters) per (node, member).
 
-
-def _increases(
-    vals: np.ndarray, node: np.ndarray, member: np.ndarray, order: np.ndarray, carry: np.ndarray
-) -> np.ndarray:
-    """Reset-aware increases of counter ``vals`` per (node, member), ``order`` from :func:`_member_order`.
-
-    ``carry[node, member]`` holds the previous value (NaN: none) and is updated in place.
+    Rows come in ts order within each (node, member). A sample's previous value is the last
+    present one of the same member (or ``carry[node, member]``, NaN = none), which is updated
+    in place with the last present values.
     """
-    v = vals[order]
+    n, c = vals.shape
+    if not n or not c:
+        return np.zeros((n, c))
+    order = np.argsort(node * np.int64(1 << 20) + member, kind="stable")
+    v, gn, gm = vals[order], node[order], member[order]
+    rows = np.arange(n)
+    start = np.r_[True, (gn[1:] != gn[:-1]) | (gm[1:] != gm[:-1])]
+    group_start = np.maximum.accumulate(np.where(start, rows, 0))
     valid = ~np.isnan(v)
-    inc = np.zeros(len(vals))
-    if not valid.any():
-        return inc
-    vi, gn, gm = v[valid], node[order][valid], member[order][valid]
-    change = (gn[1:] != gn[:-1]) | (gm[1:] != gm[:-1])
-    first, last = np.r_[True, change], np.r_[change, True]
-    prev = np.empty(len(vi))
-    prev[1:] = vi[:-1]
-    prev[first] = carry[gn[first], gm[first]]
-    carry[gn[last], gm[last]] = vi[last]
-    d = np.where(np.isnan(prev), 0.0, np.where(vi >= prev, vi - prev, vi))
-    sorted_inc = np.zeros(len(vals))
-    sorted_inc[valid] = d
-    inc[order] = sorted_inc
-    return inc
+    last_valid = np.maximum.accumulate(np.where(valid, rows[:, None], -1), axis=0)
+    prev_idx = np.vstack([np.full((1, c), -1), last_valid[:-1]])
+    cols = np.arange(c)
+    prev = np.where(prev_idx >= group_start[:, None], v[np.maximum(prev_idx, 0), cols], carry[gn, gm])
+    with np.errstate(invalid="ignore"):
+        d = np.where(valid & ~np.isnan(prev), np.where(v >= prev, v - prev, v), 0.0)
+    end = np.flatnonzero(np.r_[start[1:], True])
+    lv = last_valid[end]
+    carry[gn[end], gm[end]] = np.where(
+        lv >= group_start[end][:, None], v[np.maximum(lv, 0), cols], carry[gn[end], gm[end]]
+    )
+    out = np.empty_like(d)
+    out[order] = d
+    return out
 
 
 def _distinct_per_segment(seg: np.ndarray, member: np.ndarray, mask: np.ndarray, nseg: int) -> np.ndarray:
@@ -133,30 +137,26 @@ def _gpu_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) ->
     bucket = ts // fs.bucket_ms
     starts, keys, seg = _segments(node, bucket)
     out: dict[Stat, np.ndarray] = {Stat("any", "records", "records"): np.diff(np.r_[starts, len(ts)])}
-    counters = [s.field for s in stats if s.kind in ("inc", "incgpus")]
-    counters = list(dict.fromkeys(counters))
-    inc: dict[str, np.ndarray] = {}
+    counters = list(gpu_counters(fs))
+    inc = np.zeros((len(ts), len(counters)))
     if counters and len(ts):
-        carry.gpu = _grow(carry.gpu, int(node.max()) + 1, int(gpu.max()) + 1, len(gpu_columns(fs)))
-        names = gpu_columns(fs)
-        order = _member_order(node, gpu)
-        for name in counters:
-            inc[name] = _increases(cols[name][keep], node, gpu, order, carry.gpu[:, :, names.index(name)])
+        carry.gpu = _grow(carry.gpu, int(node.max()) + 1, int(gpu.max()) + 1, len(counters))
+        inc = _increases(np.column_stack([cols[c] for c in counters])[keep], node, gpu, carry.gpu)
     idx = np.arange(len(ts))
+    per_gpu = None
     for s in stats:
         if s.kind in ("inc", "incgpus"):
-            v = inc.get(s.field, np.zeros(len(ts)))
+            v = inc[:, counters.index(s.field)]
             if s.kind == "inc":
                 out[s] = np.add.reduceat(v, starts) if len(ts) else v
-            else:
-                sums_key = seg * np.int64(1 << 20) + gpu
-                uk, inv = np.unique(sums_key, return_inverse=True)
-                tot = np.bincount(inv, weights=v)
-                out[s] = np.bincount((uk // (1 << 20))[tot > s.threshold], minlength=len(starts)).astype(
-                    float
-                )
+                continue
+            if per_gpu is None:  # (bucket, gpu) pairs present
+                per_gpu = np.unique(seg * np.int64(1 << 20) + gpu, return_inverse=True)
+            tot = np.bincount(per_gpu[1], weights=v, minlength=len(per_gpu[0]))
+            hit = per_gpu[0][tot > s.threshold] // (1 << 20)
+            out[s] = np.bincount(hit, minlength=len(starts)).astype(np.float64)
             continue
-        v = cols[s.field][keep].astype(np.float64)
+        v = cols[s.field][keep]
         valid = ~np.isnan(v)
         if not len(ts):
             out[s] = v
@@ -210,19 +210,18 @@ def _link_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) -
     node, ts, port = node[keep], ts[keep], port[keep]
     starts, keys, seg = _segments(node, ts // fs.bucket_ms)
     out: dict[Stat, np.ndarray] = {Stat("any", "records", "records"): np.diff(np.r_[starts, len(ts)])}
-    names = link_columns(fs)
+    names = list(link_columns(fs))
+    inc = np.zeros((len(ts), len(names)))
     if names and len(ts):
         carry.link = _grow(carry.link, int(node.max()) + 1, int(port.max()) + 1, len(names))
-    order = _member_order(node, port)
+        inc = _increases(np.column_stack([cols[c] for c in names])[keep], node, port, carry.link)
     for s in stats:
         if not len(ts):
             out[s] = np.zeros(0)
         elif s.kind == "down":
-            down = cols["down"][keep]
-            out[s] = _distinct_per_segment(seg, port, down > 0, len(starts))
+            out[s] = _distinct_per_segment(seg, port, cols["down"][keep] > 0, len(starts))
         else:
-            v = _increases(cols[s.field][keep], node, port, order, carry.link[:, :, names.index(s.field)])
-            out[s] = np.add.reduceat(v, starts)
+            out[s] = np.add.reduceat(inc[:, names.index(s.field)], starts)
     return keys, out
 
 

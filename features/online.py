@@ -143,7 +143,7 @@ class OnlineFeatureEngine:
         """Finalise every bucket before ``target``."""
         if self._frontier is None:
             firsts = [min(int(c["ts"].min()) for c in chunks) for chunks in self._pending.values() if chunks]
-            self._frontier = min(firsts) // self.feature_set.bucket_ms
+            self._frontier = min(min(firsts) // self.feature_set.bucket_ms, target)
         if target <= self._frontier:
             return
         due = self._take_pending(target, remove=True)
