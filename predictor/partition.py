@@ -118,18 +118,24 @@ class PartitionState:
         return len(self._held)
 
     # ---- the clock -----------------------------------------------------------------------
-    def close(self, boundary: int) -> None:
-        """Apply every held record ``<= boundary`` to the engine; the next boundary follows.
+    def apply(self, until: int) -> None:
+        """Apply every held record whose (effective) time is ``<= until`` to the engine.
 
-        Records go in one engine update per tick they fall in, in time order, so a period longer
-        than the engine's reorder tolerance never makes the engine drop a batch's early records.
-        The caller reads the engine's features at ``boundary`` right after.
+        Records go in time order, one engine update per tick, so a long stretch never makes the
+        engine drop a batch's own early records. The engine answers ``features_at(T)`` from the
+        complete ticks before ``T`` only, so records applied beyond ``T`` (but before the next
+        boundary) do not change it: applying eagerly spreads the work without changing a score.
         """
         # (time, topic) then log order: ties never depend on how fetches of two logs interleaved
         self._held.sort(key=lambda item: (item[0], item[1]))
-        cut = bisect.bisect_right(self._held, boundary, key=lambda item: item[0])
+        cut = bisect.bisect_right(self._held, until, key=lambda item: item[0])
         apply_by_tick(self.engine, self._held[:cut], self.tick_ms)
         del self._held[:cut]
+
+    def close(self, boundary: int) -> None:
+        """Make the engine hold every record ``<= boundary``; the caller reads its features at
+        ``boundary`` right after. The next boundary follows one period later."""
+        self.apply(boundary)
         self.next_boundary = boundary + self.period_ms
 
     # ---- checkpoint form -----------------------------------------------------------------

@@ -188,12 +188,19 @@ class RiskService:
     def _score_due(self, lag: dict[tuple[str, int], int | None]) -> list[RiskScore]:
         started = time.perf_counter()
         mark = watermark(self._states.values(), self.config.topics, lag)
+        if mark is None:
+            return []
+        limit = mark - self.config.lateness_ms  # every record up to here has been read
         frames: list[pd.DataFrame] = []
         rows = 0
-        while mark is not None and rows < self.config.max_rows_per_cycle:
+        while True:
+            if rows >= self.config.max_rows_per_cycle:
+                break
             pending = [s.next_boundary for s in self._states.values() if s.next_boundary is not None]
             boundary = min(pending, default=None)
-            if boundary is None or mark <= boundary + self.config.lateness_ms:
+            if boundary is None or limit <= boundary:
+                for state in self._states.values():  # spread the engine work between boundaries
+                    state.apply(limit)
                 break
             tick = []
             for p, state in sorted(self._states.items()):

@@ -57,6 +57,12 @@ def serve(
     checkpoint_every: str = typer.Option("5s", "--checkpoint-every", help="wall time between checkpoints"),
     reload_every: str = typer.Option("30s", "--reload-every", help="how often to check the model alias"),
     token_file: Path | None = typer.Option(None, "--token-file", help="file holding the API bearer token"),
+    max_poll_records: int = typer.Option(5000, "--max-poll-records", min=1,
+                                         help="messages taken per poll (smaller: smoother catch-up)"),
+    simulate_nodes: int = typer.Option(32, "--simulate-nodes", min=1,
+                                       help="without --kafka: nodes of the simulated cluster fed to the bus"),
+    speed: float = typer.Option(60.0, "--speed", min=0.0,
+                                help="without --kafka: simulated seconds per real second (0: flat out)"),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Consume telemetry, score every node each period, publish risk.scores, serve the risk API."""
@@ -82,10 +88,11 @@ def serve(
         checkpoint_dir = checkpoint_dir or cache_dir() / "predictor" / group
     else:
         bus = InMemoryBus()
+        _feed_simulation(bus, simulate_nodes, speed)
     engines = OnlineEngines(DEFAULT_FEATURE_SET, tolerance_ms=_ms(tolerance))
     config = ServiceConfig(group=group, score_every_ms=_ms(score_every), lateness_ms=_ms(lateness),
                            checkpoint_every_s=_ms(checkpoint_every) / 1000,
-                           reload_every_s=_ms(reload_every) / 1000)
+                           reload_every_s=_ms(reload_every) / 1000, max_records=max_poll_records)
     store = CheckpointStore(checkpoint_dir, engines.load) if checkpoint_dir else None
     try:
         service = RiskService(bus, engines, model_source(model, tracking_uri), config=config,
@@ -94,10 +101,17 @@ def serve(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     stop = threading.Event()
-    loop = threading.Thread(target=service.run, args=(stop,), name="risk-service", daemon=True)
-    loop.start()
     server = uvicorn.Server(uvicorn.Config(create_app(service, token=token), host=host, port=port,
                                            log_level="warning", access_log=False))
+
+    def run_loop() -> None:
+        try:
+            service.run(stop)
+        finally:
+            server.should_exit = True  # a dead loop takes the process down; the supervisor restarts it
+
+    loop = threading.Thread(target=run_loop, name="risk-service", daemon=True)
+    loop.start()
     typer.echo(f"risk API on http://{host}:{port} (docs at /docs); "
                f"{'Kafka ' + kafka if kafka else 'in-memory bus'}; model {service.model.version or model}")
     try:
@@ -106,6 +120,20 @@ def serve(
         stop.set()
         loop.join(timeout=60)
         bus.close()
+    if service.error is not None:
+        typer.echo(f"error: the service loop stopped: {service.error!r}", err=True)
+        raise typer.Exit(1)
+
+
+def _feed_simulation(bus, nodes: int, speed: float) -> None:
+    """The embedded demo's telemetry: a day of the llama3 profile streamed onto ``bus`` in a thread."""
+    from foreshock.commands.simulate import profile_path
+    from ingest.simulator import Simulator, load_profile, stream
+
+    sim = Simulator(load_profile(profile_path("llama3")), nodes=nodes, duration_ms=86_400_000,
+                    interval_ms=30_000, seed=0)
+    threading.Thread(target=stream, args=(sim, bus), kwargs={"speed": speed or None},
+                     name="simulated-telemetry", daemon=True).start()
 
 
 def register(app: typer.Typer) -> None:
