@@ -53,7 +53,7 @@ DEFAULT_PARAMS: dict[str, Any] = {
 }
 MAX_ROUNDS = 1000
 EARLY_STOPPING_ROUNDS = 40
-DASK_ROUNDS = 300
+DASK_ROUNDS = 200
 
 
 def _trim(booster: lgb.Booster, iterations: int) -> lgb.Booster:
@@ -86,7 +86,8 @@ def fit_booster(
     with Client(dask_address) as client:
         workers = max(1, len(client.scheduler_info()["workers"]))
         train = dd.from_pandas(x_train.assign(_label=y_train), npartitions=workers)
-        clf = DaskLGBMClassifier(client=client, n_estimators=DASK_ROUNDS, **params)
+        local = {k: v for k, v in params.items() if k != "n_jobs"}  # lightgbm.dask sets threads per worker
+        clf = DaskLGBMClassifier(client=client, n_estimators=DASK_ROUNDS, **local)
         clf.fit(train[list(x_train.columns)], train["_label"])
         booster = clf.booster_
     steps = range(10, booster.current_iteration() + 1, 10)

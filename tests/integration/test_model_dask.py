@@ -1,0 +1,32 @@
+"""Distributed training through lightgbm.dask on a real LocalCluster."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from models.train import train_from_dataset
+
+pytestmark = pytest.mark.integration
+
+
+def test_lightgbm_dask_on_a_local_cluster(synthetic_cluster, tmp_path):
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, memory_limit="2GiB"
+    ) as cluster:
+        model = train_from_dataset(
+            synthetic_cluster.data_dir,
+            tmp_path,
+            features=synthetic_cluster.features,
+            dask_address=cluster.scheduler_address,
+            register=False,
+        )
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["_info"]["distributed"] is True
+    assert 10 <= metrics["_info"]["best_iteration"] <= 200
+    assert metrics["model"]["pr_auc"] > metrics["rules"]["pr_auc"]
+    assert metrics["model"]["pr_auc"] > 5 * metrics["model"]["base_rate"]
+    assert model.predict_proba(synthetic_cluster.features.head(10)).shape == (10,)
