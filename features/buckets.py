@@ -85,34 +85,41 @@ def _dedup_last(keys: list[np.ndarray]) -> np.ndarray:
 
 
 def _increases(vals: np.ndarray, node: np.ndarray, member: np.ndarray, carry: np.ndarray) -> np.ndarray:
-    """Reset-aware increases of counters ``vals`` (rows, counters) per (node, member).
+    """Reset-aware increases of counters ``vals`` (counters, rows) per (node, member).
 
     Rows come in ts order within each (node, member). A sample's previous value is the last
     present one of the same member (or ``carry[node, member]``, NaN = none), which is updated
     in place with the last present values.
     """
-    n, c = vals.shape
+    c, n = vals.shape
     if not n or not c:
-        return np.zeros((n, c))
+        return np.zeros((c, n))
     order = np.argsort(node * np.int64(1 << 20) + member, kind="stable")
-    v, gn, gm = vals[order], node[order], member[order]
+    v, gn, gm = vals[:, order], node[order], member[order]
     rows = np.arange(n)
     start = np.r_[True, (gn[1:] != gn[:-1]) | (gm[1:] != gm[:-1])]
     group_start = np.maximum.accumulate(np.where(start, rows, 0))
     valid = ~np.isnan(v)
-    last_valid = np.maximum.accumulate(np.where(valid, rows[:, None], -1), axis=0)
-    prev_idx = np.vstack([np.full((1, c), -1), last_valid[:-1]])
-    cols = np.arange(c)
-    prev = np.where(prev_idx >= group_start[:, None], v[np.maximum(prev_idx, 0), cols], carry[gn, gm])
+    end = np.flatnonzero(np.r_[start[1:], True])
+    if valid.all():  # fast path: the previous present value is the previous row
+        prev = np.empty_like(v)
+        prev[:, 1:] = v[:, :-1]
+        prev[:, start] = carry[gn[start], gm[start]].T
+        carry[gn[end], gm[end]] = v[:, end].T
+    else:
+        last_valid = np.maximum.accumulate(np.where(valid, rows, -1), axis=1)
+        prev_idx = np.empty_like(last_valid)
+        prev_idx[:, 0] = -1
+        prev_idx[:, 1:] = last_valid[:, :-1]
+        inside = prev_idx >= group_start
+        prev = np.where(inside, np.take_along_axis(v, np.maximum(prev_idx, 0), axis=1), carry[gn, gm].T)
+        lv = last_valid[:, end]
+        last = np.take_along_axis(v, np.maximum(lv, 0), axis=1)
+        carry[gn[end], gm[end]] = np.where(lv >= group_start[end], last, carry[gn[end], gm[end]].T).T
     with np.errstate(invalid="ignore"):
         d = np.where(valid & ~np.isnan(prev), np.where(v >= prev, v - prev, v), 0.0)
-    end = np.flatnonzero(np.r_[start[1:], True])
-    lv = last_valid[end]
-    carry[gn[end], gm[end]] = np.where(
-        lv >= group_start[end][:, None], v[np.maximum(lv, 0), cols], carry[gn[end], gm[end]]
-    )
     out = np.empty_like(d)
-    out[order] = d
+    out[:, order] = d
     return out
 
 
@@ -138,15 +145,16 @@ def _gpu_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) ->
     starts, keys, seg = _segments(node, bucket)
     out: dict[Stat, np.ndarray] = {Stat("any", "records", "records"): np.diff(np.r_[starts, len(ts)])}
     counters = list(gpu_counters(fs))
-    inc = np.zeros((len(ts), len(counters)))
+    inc = np.zeros((len(counters), len(ts)))
     if counters and len(ts):
         carry.gpu = _grow(carry.gpu, int(node.max()) + 1, int(gpu.max()) + 1, len(counters))
-        inc = _increases(np.column_stack([cols[c] for c in counters])[keep], node, gpu, carry.gpu)
+        inc = _increases(np.stack([cols[c][keep] for c in counters]), node, gpu, carry.gpu)
     idx = np.arange(len(ts))
     per_gpu = None
+    gathered: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for s in stats:
         if s.kind in ("inc", "incgpus"):
-            v = inc[:, counters.index(s.field)]
+            v = inc[counters.index(s.field)]
             if s.kind == "inc":
                 out[s] = np.add.reduceat(v, starts) if len(ts) else v
                 continue
@@ -156,8 +164,9 @@ def _gpu_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) ->
             hit = per_gpu[0][tot > s.threshold] // (1 << 20)
             out[s] = np.bincount(hit, minlength=len(starts)).astype(np.float64)
             continue
-        v = cols[s.field][keep]
-        valid = ~np.isnan(v)
+        if s.field not in gathered:
+            gathered[s.field] = (cols[s.field][keep], ~np.isnan(cols[s.field][keep]))
+        v, valid = gathered[s.field]
         if not len(ts):
             out[s] = v
         elif s.kind == "n":
@@ -211,17 +220,17 @@ def _link_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) -
     starts, keys, seg = _segments(node, ts // fs.bucket_ms)
     out: dict[Stat, np.ndarray] = {Stat("any", "records", "records"): np.diff(np.r_[starts, len(ts)])}
     names = list(link_columns(fs))
-    inc = np.zeros((len(ts), len(names)))
+    inc = np.zeros((len(names), len(ts)))
     if names and len(ts):
         carry.link = _grow(carry.link, int(node.max()) + 1, int(port.max()) + 1, len(names))
-        inc = _increases(np.column_stack([cols[c] for c in names])[keep], node, port, carry.link)
+        inc = _increases(np.stack([cols[c][keep] for c in names]), node, port, carry.link)
     for s in stats:
         if not len(ts):
             out[s] = np.zeros(0)
         elif s.kind == "down":
             out[s] = _distinct_per_segment(seg, port, cols["down"][keep] > 0, len(starts))
         else:
-            out[s] = np.add.reduceat(inc[:, names.index(s.field)], starts)
+            out[s] = np.add.reduceat(inc[names.index(s.field)], starts)
     return keys, out
 
 
