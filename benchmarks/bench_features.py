@@ -9,7 +9,8 @@ Prints, in one run:
   features, with the ratio and the largest difference between the two tables;
 - online state bytes per node, and for 2,048 nodes x 8 GPUs.
 
-Batch figures are the fastest of three runs (the machine may be shared).
+Figures are the fastest of two (online) or three (batch) runs: the machine may be shared. Online
+throughput is steady state: the first scrape, which allocates every node's state, is not timed.
 
 Targets (issue 5): online >= 200,000 GPU samples/s per core; batch >= 5x the baseline; state
 for 2,048 nodes < 1 GiB. Run ``.venv/bin/python benchmarks/bench_features.py [--quick]``.
@@ -81,7 +82,17 @@ def telemetry(nodes: int, hours: float, seed: int = 0) -> dict[str, pd.DataFrame
     return {"gpu": gpu, "xid": xid, "link": link}
 
 
-def bench_online(nodes: int, hours: float) -> tuple[float, float, int]:
+def _best(fn, repeat: int) -> tuple[float, object]:
+    """Fastest of ``repeat`` runs (the machine is shared: the minimum is the least disturbed)."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def bench_online(nodes: int, hours: float, repeat: int) -> tuple[float, float, int]:
     frames = telemetry(nodes, hours, seed=1)
     gpu, link, xid = frames["gpu"], frames["link"], frames["xid"]
     g_ts, l_ts, x_ts = gpu["ts"].to_numpy(), link["ts"].to_numpy(), xid["ts"].to_numpy()
@@ -93,16 +104,18 @@ def bench_online(nodes: int, hours: float) -> tuple[float, float, int]:
         k = slice(l_cut[i], l_cut[i + 1] if i + 1 < len(scrapes) else len(link))
         x = slice(x_cut[i], x_cut[i + 1] if i + 1 < len(scrapes) else len(xid))
         batches.append({"gpu": gpu.iloc[j], "link": link.iloc[k], "xid": xid.iloc[x]})
-    engine = OnlineFeatureEngine(tolerance_ms=INTERVAL)
-    start = time.perf_counter()
-    for b in batches:
-        engine.update_frames(b)
-    ingest_s = time.perf_counter() - start
-    start = time.perf_counter()
-    table = engine.features_at(int(scrapes[-1]))
-    query_s = time.perf_counter() - start
+    best = float("inf")
+    for _ in range(repeat):
+        engine = OnlineFeatureEngine(tolerance_ms=INTERVAL)
+        engine.update_frames(batches[0])  # the first scrape allocates every node's state: not timed
+        start = time.perf_counter()
+        for b in batches[1:]:
+            engine.update_frames(b)
+        best = min(best, time.perf_counter() - start)
+    samples = len(gpu) - len(batches[0]["gpu"])
+    query_s, table = _best(lambda: engine.features_at(int(scrapes[-1])), repeat)
     assert len(table) == nodes
-    return len(gpu) / ingest_s, query_s, engine.state_bytes()
+    return samples / best, query_s, engine.state_bytes()
 
 
 def _baseline(gpu: pd.DataFrame, ticks: np.ndarray, fs) -> pd.DataFrame:
@@ -134,16 +147,6 @@ def _baseline(gpu: pd.DataFrame, ticks: np.ndarray, fs) -> pd.DataFrame:
         }[f.agg]()
         out[f.name] = agg.to_numpy()[both["_tick"].fillna(False).to_numpy(bool)]
     return out
-
-
-def _best(fn, repeat: int) -> tuple[float, object]:
-    """Fastest of ``repeat`` runs (the machine is shared: the minimum is the least disturbed)."""
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, out
 
 
 def bench_batch(nodes: int, hours: float, repeat: int) -> dict[str, float]:
@@ -187,7 +190,7 @@ def main() -> None:
     on_nodes, on_hours = (64, 0.5) if args.quick else (512, 1.0)
     b_nodes, b_hours = (8, 2.0) if args.quick else (48, 6.0)
 
-    rate, query_s, state = bench_online(on_nodes, on_hours)
+    rate, query_s, state = bench_online(on_nodes, on_hours, 1 if args.quick else 2)
     per_node = state / on_nodes
     print(
         f"online : {rate:>12,.0f} GPU-samples/s on one core ({on_nodes} nodes x {GPUS} GPUs, {on_hours} h; "

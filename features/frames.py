@@ -36,8 +36,10 @@ class Codes:
         return len(self.names)
 
     def encode(self, values: Any) -> np.ndarray:
-        """Codes of ``values`` (array-like of str), adding unseen strings."""
-        codes, uniques = pd.factorize(np.asarray(values, dtype=object))
+        """Codes of ``values`` (a Series or array-like of str), adding unseen strings."""
+        codes, uniques = pd.factorize(
+            values if isinstance(values, pd.Series) else np.asarray(values, dtype=object)
+        )
         mapped = np.empty(len(uniques), dtype=np.int64)
         for i, name in enumerate(uniques):
             code = self._index.get(name)
@@ -66,14 +68,17 @@ def _float(df: pd.DataFrame, name: str) -> np.ndarray:
 def _int(df: pd.DataFrame, name: str, default: int) -> np.ndarray:
     if name not in df.columns:
         return np.full(len(df), default, dtype=np.int64)
-    return pd.to_numeric(df[name], errors="coerce").fillna(default).to_numpy(dtype=np.int64)
+    col = df[name]
+    if pd.api.types.is_integer_dtype(col.dtype) and not col.hasnans:
+        return col.to_numpy(dtype=np.int64)
+    return pd.to_numeric(col, errors="coerce").fillna(default).to_numpy(dtype=np.int64)
 
 
 def to_columns(
     kind: str, df: pd.DataFrame, fs: FeatureSet, nodes: Codes, ports: Codes
 ) -> dict[str, np.ndarray]:
     """Numeric columns of one telemetry frame (columns as in the dataset layout)."""
-    cols = {"node": nodes.encode(df["node"].to_numpy()), "ts": _int(df, "ts", 0)}
+    cols = {"node": nodes.encode(df["node"]), "ts": _int(df, "ts", 0)}
     if kind == "gpu":
         cols["gpu"] = _int(df, "gpu", 0)
         cols.update({f: _float(df, f) for f in gpu_columns(fs)})
@@ -81,10 +86,11 @@ def to_columns(
         cols.update(gpu=_int(df, "gpu", -1), xid=_int(df, "xid", -1), count=_float(df, "count"))
         cols["count"] = np.where(np.isnan(cols["count"]), 1.0, cols["count"])
     elif kind == "link":
-        cols["port"] = ports.encode(df["port"].astype(str).to_numpy())
+        cols["port"] = ports.encode(df["port"].astype(str))
         state = df["state"] if "state" in df.columns else pd.Series([None] * len(df), dtype=object)
-        text = state.astype("string").str.upper()
-        cols["down"] = np.where(text.isna(), np.nan, (~text.str.contains("ACTIVE")).astype(float).to_numpy())
+        codes, uniques = pd.factorize(state)  # a handful of distinct states: classify those
+        down = np.array([0.0 if "ACTIVE" in str(u).upper() else 1.0 for u in uniques] + [np.nan])
+        cols["down"] = down[codes]
         cols.update({f: _float(df, f) for f in link_columns(fs)})
     else:
         raise ValueError(f"unknown telemetry kind {kind!r}")

@@ -36,7 +36,9 @@ def features(
             from distributed import Client, LocalCluster
 
             with (
-                LocalCluster(n_workers=workers, threads_per_worker=1, processes=True) as cluster,
+                LocalCluster(
+                    n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
+                ) as cluster,
                 Client(cluster) as client,
             ):
                 table = compute_features_dask(data, client, cadence_ms=cadence_ms, progress=True)

@@ -48,7 +48,7 @@ def test_dask_local_cluster_equals_pandas(dataset, pandas_table):
     from distributed import Client, LocalCluster
 
     with (
-        LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         table = compute_features_dask(dataset, client, nodes_per_group=2)
