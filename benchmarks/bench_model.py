@@ -55,7 +55,9 @@ def main() -> None:
 
     x, y = _data(train_rows, names)
     t0 = time.perf_counter()
-    booster = lgb.train({**DEFAULT_PARAMS, "scale_pos_weight": 5.0}, lgb.Dataset(x, y), num_boost_round=rounds)
+    booster = lgb.train(
+        {**DEFAULT_PARAMS, "scale_pos_weight": 5.0}, lgb.Dataset(x, y), num_boost_round=rounds
+    )
     lgb_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     logistic = LogisticBaseline(names, max_rows=train_rows).fit(x, y)

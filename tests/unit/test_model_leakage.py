@@ -48,3 +48,57 @@ def test_future_reading_feature_is_caught(synthetic_cluster, tmp_path):
     assert set(bad) == {"sbe_next_30m"}
     with pytest.raises(LeakageError, match="sbe_next_30m"):
         assert_point_in_time(_future_reading, synthetic_cluster.data_dir, tmp_path / "c", [cutoff])
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    """A tiny real simulator dataset (8 nodes, 12 h, failures forced often)."""
+    from typer.testing import CliRunner
+
+    from foreshock.cli import app
+
+    out = tmp_path_factory.mktemp("sim") / "data"
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            "--profile",
+            "llama3",
+            "--nodes",
+            "8",
+            "--duration",
+            "12h",
+            "--interval",
+            "60s",
+            "--seed",
+            "5",
+            "--rate-multiplier",
+            "3000",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_the_feature_engine_passes_and_an_injected_future_feature_fails(simulated, tmp_path):
+    from features.batch import compute_features
+    from ingest.dataset import read_events, read_manifest
+
+    def engine(d):
+        return compute_features(d, cadence_ms=60_000)
+
+    def engine_plus_future(d):
+        f = engine(d).sort_values(["node", "ts"])
+        return f.assign(xid_fatal_next_10m=f.groupby("node")["xid_fatal__count__1h"].shift(-10))
+
+    failures = read_events(simulated).query("event == 'failed'")
+    assert len(failures) > 0
+    start = read_manifest(simulated)["start_ms"]
+    # cut just before a failure: its fatal Xid lies after the cut
+    cutoff = int(failures["ts"].iloc[len(failures) // 2]) - 60_000
+    assert cutoff > start
+    assert point_in_time_violations(engine, simulated, tmp_path / "a", cutoff) == {}
+    bad = point_in_time_violations(engine_plus_future, simulated, tmp_path / "b", cutoff)
+    assert "xid_fatal_next_10m" in bad
