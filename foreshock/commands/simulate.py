@@ -18,7 +18,7 @@ PROFILES_DIR = Path(__file__).resolve().parents[2] / "datasets" / "profiles"
 def profile_path(name_or_path: str) -> Path:
     """A shipped profile's name (``llama3``) or the path of a TOML file -> the file's path."""
     candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or candidate.exists():
+    if candidate.suffix == ".toml" or candidate.is_file():
         return candidate
     shipped = PROFILES_DIR / f"{name_or_path}.toml"
     if not shipped.is_file():

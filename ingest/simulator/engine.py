@@ -35,6 +35,7 @@ DEFAULT_START_MS: Final = 1_735_689_600_000  # 2025-01-01T00:00:00Z
 DEFAULT_CHUNK_ROWS: Final = 1 << 17
 _STREAM_BASELINE: Final = 0xBA5E
 _STREAM_CHUNK: Final = 0xC4C
+_STREAM_MISSING: Final = 0x1057  # its own stream: losing scrapes changes nothing else
 _NOT_REPORTED: Final = frozenset({"retired_sbe", "retired_dbe", "retired_pending"})  # H100 remaps rows
 
 
@@ -145,12 +146,17 @@ class Simulator:
             up[max(down0, 0) : down1, f.node] = False
             if down1 < ts.size:
                 repairs.append((down1, f))
-        all_up = bool(up.all())
+        reported = up
+        if self.profile.noise.missing_scrape_fraction > 0:  # lost scrapes: the node runs on, unseen
+            lost = np.random.default_rng([self.seed, _STREAM_MISSING, index]).random(up.shape)
+            reported = up & (lost >= self.profile.noise.missing_scrape_fraction)
+        up_or_none = None if up.all() else up
+        reported_or_none = None if reported.all() else reported
         episodes = self.schedule.episodes_between(lo - self.interval_ms, hi)
-        gpu = gpu_gen.generate(rng, ts, None if all_up else up, episodes, repairs)
-        link_cols = link_gen.generate(rng, ts, None if all_up else up, episodes, repairs)
-        gpu_table = self._gpu_table(ts, gpu.columns, None if all_up else up)
-        link_table = self._link_table(ts, link_cols, None if all_up else up)
+        gpu = gpu_gen.generate(rng, ts, up_or_none, reported_or_none, episodes, repairs)
+        link_cols = link_gen.generate(rng, ts, reported_or_none, episodes, repairs)
+        gpu_table = self._gpu_table(ts, gpu.columns, reported_or_none)
+        link_table = self._link_table(ts, link_cols, reported_or_none)
         xid_table = self._xid_table(gpu, self.schedule.failures_between(lo, hi))
         return Chunk(index, int(ts[0]), int(ts[-1]), gpu_table, xid_table, link_table)
 
@@ -158,11 +164,11 @@ class Simulator:
         return pa.DictionaryArray.from_arrays(pa.array(index.astype(np.int32, copy=False)), pa.array(values))
 
     def _keys(
-        self, ts: np.ndarray, units: int, up: np.ndarray | None
+        self, ts: np.ndarray, units: int, reported: np.ndarray | None
     ) -> tuple[pa.Array, pa.Array, np.ndarray]:
         """node and ts columns of the kept rows in (step, node, unit) order, plus each row's unit index."""
         s, n = ts.size, self.nodes
-        rows = kept_rows(up, units)
+        rows = kept_rows(reported, units)
         node = np.broadcast_to(np.arange(n, dtype=np.int32)[None, :, None], (s, n, units))
         ts_col = np.broadcast_to(ts[:, None, None], (s, n, units))
         unit = np.broadcast_to(np.arange(units, dtype=np.int32), (s, n, units))
@@ -172,8 +178,10 @@ class Simulator:
             flatten(unit, rows, np.int32),
         )
 
-    def _gpu_table(self, ts: np.ndarray, cols: dict[str, np.ndarray], up: np.ndarray | None) -> pa.Table:
-        node, ts_col, gpu = self._keys(ts, self.gpus, up)
+    def _gpu_table(
+        self, ts: np.ndarray, cols: dict[str, np.ndarray], reported: np.ndarray | None
+    ) -> pa.Table:
+        node, ts_col, gpu = self._keys(ts, self.gpus, reported)
         arrays = [node, ts_col, pa.array(gpu.astype(np.int64))]
         for field in GPU_FIELDS:
             arrays.append(
@@ -181,8 +189,10 @@ class Simulator:
             )
         return pa.Table.from_arrays(arrays, names=["node", "ts", "gpu", *GPU_FIELDS])
 
-    def _link_table(self, ts: np.ndarray, cols: dict[str, np.ndarray], up: np.ndarray | None) -> pa.Table:
-        node, ts_col, port = self._keys(ts, self.ports, up)
+    def _link_table(
+        self, ts: np.ndarray, cols: dict[str, np.ndarray], reported: np.ndarray | None
+    ) -> pa.Table:
+        node, ts_col, port = self._keys(ts, self.ports, reported)
         zeros = np.zeros(port.size, dtype=np.int32)
         arrays = [
             node,

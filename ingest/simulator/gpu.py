@@ -173,10 +173,14 @@ class GpuGenerator:
         rng: np.random.Generator,
         ts: np.ndarray,
         up: np.ndarray | None,
+        reported: np.ndarray | None,
         episodes: list[Episode],
         repairs: list[tuple[int, Failure]],
     ) -> GpuChunk:
-        """One chunk. ``repairs`` are (step, failure) for nodes back up at that step after a failure."""
+        """One chunk; ``up``/``reported`` (steps, nodes) masks say which nodes run / are scraped.
+
+        ``repairs`` are (step, failure) for nodes back up at that step after a failure.
+        """
         steps, n, g = ts.size, self.nodes, self.gpus
         noise = self.profile.noise.sensor_noise
         base = self.base
@@ -270,7 +274,7 @@ class GpuGenerator:
         cols["mem_clock"] = np.full(shape, MEM_CLOCK)
         cols["fb_used"] = np.broadcast_to(base.fb_used, shape)
         cols["fb_free"] = np.broadcast_to(FB_TOTAL_MIB - base.fb_used, shape)
-        rows = kept_rows(up, g)
+        rows = kept_rows(reported, g)
         flat = {
             k: flatten(v, rows, np.int64 if v.dtype.kind in "iub" else np.float64) for k, v in cols.items()
         }

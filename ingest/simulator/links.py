@@ -74,11 +74,11 @@ class LinkGenerator:
         self,
         rng: np.random.Generator,
         ts: np.ndarray,
-        up: np.ndarray | None,
+        reported: np.ndarray | None,
         episodes: list[Episode],
         repairs: list[tuple[int, Failure]],
     ) -> dict[str, np.ndarray]:
-        """Flat counter columns in (step, node, port) order, rows of down nodes (``up`` False) left out."""
+        """Flat counter columns in (step, node, port) order; rows where ``reported`` is False left out."""
         steps = ts.size
         inc = {name: Increments() for name in LINK_COUNTERS}
         poisson_scatter(rng, self.base.symbol_rate_h * self.hours, steps, inc["symbol_error"], burst_mean=4.0)
@@ -97,7 +97,7 @@ class LinkGenerator:
                 for name, per_hour in _IB_LINK.items():
                     inc[name].add(active, ep.node, port, rng.poisson(lam * per_hour))
         resets = [(s, f.node) for s, f in repairs]
-        rows = kept_rows(up, self.ports)
+        rows = kept_rows(reported, self.ports)
         return {
             name: flatten(cumulative(self._carry[name], steps, inc[name], resets), rows, np.int64)
             for name in LINK_COUNTERS

@@ -32,6 +32,7 @@ Keys (``*`` = required; every other key has the default shown)::
       sensor_noise = 1.0                 # scales every gauge's noise
       diurnal_amplitude = 0.05           # relative swing of GPU load over a day
       noisy_gpu_fraction = 0.03          # healthy GPUs with a high background of corrected errors
+      missing_scrape_fraction = 0.0      # node scrapes lost (no GPU or link rows for that instant)
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class Noise:
     sensor_noise: float
     diurnal_amplitude: float
     noisy_gpu_fraction: float
+    missing_scrape_fraction: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +203,7 @@ _NOISE: Final = {
     "sensor_noise": ("float0", 1.0),
     "diurnal_amplitude": ("prob", 0.05),
     "noisy_gpu_fraction": ("prob", 0.03),
+    "missing_scrape_fraction": ("prob", 0.0),
 }
 _SHARE_TOLERANCE: Final = 1e-3
 

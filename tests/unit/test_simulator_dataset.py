@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import tomllib
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -23,7 +25,7 @@ from ingest.dataset import (
     read_manifest,
     read_table,
 )
-from ingest.simulator import Simulator, load_profile, write_dataset
+from ingest.simulator import Simulator, load_profile, parse_profile, write_dataset
 
 HOUR = 3_600_000
 
@@ -137,8 +139,6 @@ def test_writer_refuses_an_existing_dataset_and_a_bad_layout(dataset, tmp_path):
         DatasetWriter(out)
     with pytest.raises(DatasetError, match="no manifest"):
         read_manifest(tmp_path)
-    import pyarrow as pa
-
     with pytest.raises(DatasetError, match="must start with"):
         DatasetWriter(tmp_path / "x").write_part("gpu", pa.table({"ts": [1], "node": ["a"], "gpu": [0]}))
 
@@ -186,3 +186,27 @@ def test_cli_refuses_a_bad_profile_by_name(tmp_path):
     result = CliRunner().invoke(app, ["simulate", "--profile", str(bad), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
     assert "cluster.interruptions_per_gpu_day" in result.output
+
+
+def test_lost_scrapes_drop_rows_and_change_nothing_else():
+    base = tomllib.loads(profile_path("llama3").read_text())
+    runs = []
+    for lost in (0.0, 0.2):
+        base["noise"]["missing_scrape_fraction"] = lost
+        sim = Simulator(
+            parse_profile(base, "llama3"),
+            nodes=6,
+            duration_ms=6 * HOUR,
+            interval_ms=30_000,
+            seed=4,
+            rate_multiplier=300,
+        )
+        chunks = list(sim.chunks())
+        gpu = pa.concat_tables([c.gpu for c in chunks]).to_pandas()
+        xid = pa.concat_tables([c.xid for c in chunks]).to_pandas()
+        runs.append((sim.schedule, gpu, xid))
+    (sched_all, gpu_all, xid_all), (sched_lost, gpu_lost, xid_lost) = runs
+    assert sched_all == sched_lost and xid_all.equals(xid_lost)
+    assert 0.75 < len(gpu_lost) / len(gpu_all) < 0.85
+    kept = gpu_all.merge(gpu_lost[["node", "ts", "gpu"]], on=["node", "ts", "gpu"])
+    assert kept.equals(gpu_lost)

@@ -48,7 +48,7 @@ def test_minimal_profile_gets_documented_defaults_and_runs():
     assert p.cluster.ib_ports_per_node == 8
     assert p.failures[0].scope == "gpu"
     assert p.failures[0].repair_median_hours == p.cluster.repair_median_hours == 4.0
-    assert p.noise.benign_xids == (13, 31, 43)
+    assert p.noise.benign_xids == (13, 31, 43) and p.noise.missing_scrape_fraction == 0.0
     sim = Simulator(p, nodes=2, duration_ms=600_000, interval_ms=30_000, seed=1)
     chunks = list(sim.chunks())
     assert sum(c.gpu.num_rows for c in chunks) == 2 * 8 * 20
