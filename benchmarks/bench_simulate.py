@@ -98,8 +98,8 @@ def main() -> None:
         print(json.dumps(worker(kind, int(nodes), float(hours))))
         return
     scale = 0.1 if args.quick else 1.0
-    # hours per size so that each case generates 6-12 million GPU samples
-    sizes = {64: 96.0 * scale, 512: 24.0 * scale, 2048: 6.0 * scale}
+    # hours per size so that each case generates 3-6 million GPU samples
+    sizes = {64: 48.0 * scale, 512: 12.0 * scale, 2048: 3.0 * scale}
     print(
         f"simulator benchmark: llama3 x50, 30 s interval, one process per case{' [quick]' * args.quick}"
     )
