@@ -5,7 +5,7 @@ is its own. Figures: generation alone (all telemetry tables built as Arrow, noth
 then generation plus writing parquet. The baseline, measured in the same run, is the simplest
 vectorised generator there is: one fresh float64 normal draw for every GPU field of every sample
 (``rng.standard_normal((samples, fields))``), in the same chunk sizes. Peak memory is reported
-for the same cluster over 1 and 4 days: it must not grow with the number of days.
+for the same cluster over half a day and two days: it must not grow with the number of days.
 
 Usage: ``.venv/bin/python benchmarks/bench_simulate.py [--quick]``
 """
