@@ -14,7 +14,7 @@ those and exactly on the rest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,13 +167,21 @@ def feature_rows(frames: dict[str, pd.DataFrame], ticks: np.ndarray, fs: Feature
     return out
 
 
-def _finish(parts: list[pd.DataFrame], fs: FeatureSet) -> pd.DataFrame:
+def _finish(parts: list[pd.DataFrame], fs: FeatureSet, peer_groups: Mapping[str, str] | None) -> pd.DataFrame:
     parts = [p for p in parts if len(p)]
     if not parts:
         return pd.DataFrame(columns=["node", "ts", *fs.names])
     table = pd.concat(parts, ignore_index=True).sort_values(["ts", "node"], kind="stable", ignore_index=True)
     table["ts"] = table["ts"].astype(np.int64)
-    return add_peer_features(table, fs)[["node", "ts", *fs.names]]
+    return add_peer_features(table, fs, peer_groups)[["node", "ts", *fs.names]]
+
+
+def _grid_buckets(ticks: np.ndarray, fs: FeatureSet) -> int:
+    """Width of a group's grid: the ticks' span plus the longest window before the first one."""
+    if not len(ticks):
+        return 1
+    longest = max([f.window_ms for f in fs.features] + [fs.live_ms]) // fs.bucket_ms
+    return int(ticks[-1] - ticks[0]) // fs.bucket_ms + longest + 1
 
 
 def _node_groups(
@@ -214,11 +222,13 @@ def compute_features(
     end_ms: int | None = None,
     progress: bool = False,
     nodes_per_group: int | None = None,
+    peer_groups: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
     """The feature table: columns ``node``, ``ts``, then ``feature_set.names``; sorted by (ts, node).
 
     Reads ``data_dir`` (dataset layout) or the given frames. ``cadence_ms`` must be a multiple
     of ``feature_set.bucket_ms``. All records before ``start_ms`` still feed the windows.
+    ``peer_groups`` (node -> group, e.g. its job) scopes the peer features; default: the cluster.
     """
     if cadence_ms % feature_set.bucket_ms:
         raise ValueError(f"cadence_ms must be a multiple of {feature_set.bucket_ms}")
@@ -228,7 +238,7 @@ def compute_features(
         frames = {k: v for k, v in zip(KINDS, (gpu, xid, link), strict=True) if v is not None and len(v)}
     ticks = tick_range(frames, cadence_ms, start_ms, end_ms)
     node_names = sorted(set().union(*(f["node"].unique() for f in frames.values()))) if frames else []
-    n_buckets = int(ticks[-1] - ticks[0]) // feature_set.bucket_ms + 1441 if len(ticks) else 1
+    n_buckets = _grid_buckets(ticks, feature_set)
     groups = _node_groups(node_names, n_buckets, feature_set, nodes_per_group)
     step = _progress(progress, len(groups), "features")
     parts = []
@@ -237,7 +247,7 @@ def compute_features(
         sub = {k: f[f["node"].isin(mine)] for k, f in frames.items()} if len(groups) > 1 else frames
         parts.append(feature_rows({k: f for k, f in sub.items() if len(f)}, ticks, feature_set))
         step()
-    return _finish(parts, feature_set)
+    return _finish(parts, feature_set, peer_groups)
 
 
 def _partition(data_dir: str, nodes: list[str], ticks: np.ndarray, fs: FeatureSet) -> pd.DataFrame:
@@ -254,6 +264,7 @@ def compute_features_dask(
     end_ms: int | None = None,
     progress: bool = False,
     nodes_per_group: int | None = None,
+    peer_groups: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
     """:func:`compute_features` on a ``dask.distributed`` cluster: one task per group of nodes.
 
@@ -277,7 +288,7 @@ def compute_features_dask(
         }
         ticks = tick_range({k: v for k, v in keys.items() if len(v)}, cadence_ms, start_ms, end_ms)
         node_names = sorted(set().union(*(v["node"].unique() for v in keys.values())))
-        n_buckets = int(ticks[-1] - ticks[0]) // feature_set.bucket_ms + 1441 if len(ticks) else 1
+        n_buckets = _grid_buckets(ticks, feature_set)
         groups = _node_groups(node_names, n_buckets, feature_set, nodes_per_group)
         futures = [
             client.submit(_partition, str(data_dir), g, ticks, feature_set, pure=False) for g in groups
@@ -287,7 +298,7 @@ def compute_features_dask(
         for fut in as_completed(futures):
             parts.append(fut.result())
             step()
-        return _finish(parts, feature_set)
+        return _finish(parts, feature_set, peer_groups)
     finally:
         if client is not client_or_address:
             client.close()

@@ -14,7 +14,7 @@ Empty buckets hold each statistic's neutral value (:func:`empty_value`): 0 for s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -187,15 +187,21 @@ def reduce_direct(op: str, window: np.ndarray, aux: np.ndarray | None = None) ->
     raise ValueError(f"unknown reduction {op!r}")
 
 
-def add_peer_features(table: pd.DataFrame, feature_set: FeatureSet) -> pd.DataFrame:
+def add_peer_features(
+    table: pd.DataFrame, feature_set: FeatureSet, peer_groups: Mapping[str, str] | None = None
+) -> pd.DataFrame:
     """Add the peer columns: each node against the other nodes of the same ``ts``.
 
-    ``table`` must be sorted by (ts, node) — both engines call this on that order, so group
-    sums run over the same sequence and give the same numbers.
+    ``peer_groups`` (node -> group, e.g. the job it runs) narrows the comparison to the node's
+    group; nodes it does not name are compared with each other. ``table`` must be sorted by
+    (ts, node): both engines call this on that order, so group sums add the same sequence.
     """
     if not feature_set.peers:
         return table
-    groups = table.groupby("ts", sort=False)
+    keys = [table["ts"]]
+    if peer_groups is not None:
+        keys.append(table["node"].map(lambda n: peer_groups.get(n, "")).rename("_group"))
+    groups = table.groupby(keys, sort=False)
     for p in feature_set.peers:
         col = table[p.base.name]
         if p.kind == "rank":

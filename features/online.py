@@ -206,10 +206,13 @@ class OnlineFeatureEngine:
             ]
         return win
 
-    def features_at(self, ts: int, nodes: list[str] | None = None) -> pd.DataFrame:
+    def features_at(
+        self, ts: int, nodes: list[str] | None = None, peer_groups: Mapping[str, str] | None = None
+    ) -> pd.DataFrame:
         """Rows (``node``, ``ts``, features...) of live nodes at ``floor(ts / bucket) * bucket``.
 
-        Peer features compare each node with every live node; ``nodes`` then filters the rows.
+        Peer features compare each node with every live node (of its group in ``peer_groups``,
+        e.g. node -> job); ``nodes`` then filters the rows.
         """
         fs = self.feature_set
         b = fs.bucket_ms
@@ -243,7 +246,7 @@ class OnlineFeatureEngine:
         table = pd.DataFrame(values, columns=[f.name for f in fs.features])
         table.insert(0, "node", names[rows])
         table.insert(1, "ts", np.full(len(rows), end * b, dtype=np.int64))
-        table = add_peer_features(table, fs)[["node", "ts", *fs.names]]
+        table = add_peer_features(table, fs, peer_groups)[["node", "ts", *fs.names]]
         if nodes is not None:
             table = table[table["node"].isin(set(nodes))].reset_index(drop=True)
         return table

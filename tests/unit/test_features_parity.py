@@ -214,11 +214,16 @@ def feed(engine: OnlineFeatureEngine, frames, arrival, lo: int, hi: int, use_rec
     batch_ms=st.sampled_from([5_000, 60_000, 400_000]),
     use_records=st.booleans(),
     default_set=st.booleans(),
+    by_job=st.booleans(),
 )
-def test_online_equals_batch_on_random_streams(seed, tolerance, batch_ms, use_records, default_set):
+def test_online_equals_batch_on_random_streams(seed, tolerance, batch_ms, use_records, default_set, by_job):
     fs = DEFAULT_FEATURE_SET if default_set else REGISTRY_SET
     frames, arrival = make_stream(seed, tolerance)
-    batch = compute_features(gpu=frames["gpu"], xid=frames["xid"], link=frames["link"], feature_set=fs)
+    nodes = sorted(frames["gpu"]["node"].unique())
+    jobs = {n: f"job{i % 2}" for i, n in enumerate(nodes[1:])} if by_job else None  # nodes[0]: no job
+    batch = compute_features(
+        gpu=frames["gpu"], xid=frames["xid"], link=frames["link"], feature_set=fs, peer_groups=jobs
+    )
     engine = OnlineFeatureEngine(fs, tolerance_ms=tolerance, history_ms=10 * M)
     rng = np.random.default_rng(seed + 1)
     first = min(int(a.min()) for a in arrival.values() if len(a))
@@ -231,11 +236,17 @@ def test_online_equals_batch_on_random_streams(seed, tolerance, batch_ms, use_re
         if len(ready) and rng.random() < 8 / len(starts):  # a tick whose records have all arrived
             t = int(rng.choice(ready[-8:]))
             assert_same(
-                engine.features_at(t), batch[batch["ts"] == t].reset_index(drop=True), fs.names, f"t={t}"
+                engine.features_at(t, peer_groups=jobs),
+                batch[batch["ts"] == t].reset_index(drop=True),
+                fs.names,
+                f"t={t}",
             )
     for t in ticks[-3:]:  # everything has arrived: even still-open buckets must agree
         assert_same(
-            engine.features_at(int(t)), batch[batch["ts"] == t].reset_index(drop=True), fs.names, f"end t={t}"
+            engine.features_at(int(t), peer_groups=jobs),
+            batch[batch["ts"] == t].reset_index(drop=True),
+            fs.names,
+            f"end t={t}",
         )
     assert engine.late_records == 0
 
@@ -281,3 +292,17 @@ def test_late_records_are_counted_and_dropped():
     engine.update_frame("gpu", pd.DataFrame({"node": ["a"], "ts": [T0 + M], "gpu": [0], "gpu_temp": [99.0]}))
     assert engine.late_records == 1
     assert engine.features_at(T0 + 6 * M)["gpu_temp__max__30m"].tolist() == [51.0]
+
+
+def test_peer_features_compare_within_the_group():
+    frames, _ = make_stream(2, 0)
+    nodes = sorted(frames["gpu"]["node"].unique())
+    fs = REGISTRY_SET
+    alone = {nodes[0]: "solo", **{n: "big" for n in nodes[1:]}}
+    table = compute_features(gpu=frames["gpu"], feature_set=fs, peer_groups=alone)
+    cluster = compute_features(gpu=frames["gpu"], feature_set=fs)
+    solo = table[table["node"] == nodes[0]]
+    assert len(solo) and (solo["peer_rank__gpu_temp__mean__7m"].dropna() == 1.0).all()
+    assert (solo["peer_z__gpu_temp__max__3m"].dropna() == 0.0).all()
+    assert len(nodes) > 2, "seed 2 has several nodes"
+    assert not table["peer_z__gpu_temp__max__3m"].equals(cluster["peer_z__gpu_temp__max__3m"])
