@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -32,7 +34,7 @@ from ingest.dataset import part_paths, read_manifest
 
 __all__ = ["compute_features", "compute_features_dask", "feature_rows", "tick_range", "read_frames"]
 
-_GRID_BYTES = 256 * 2**20
+_GRID_BYTES = 128 * 2**20
 _WINDOW_BYTES = 32 * 2**20
 
 
@@ -64,21 +66,40 @@ def read_frames(
 
 
 def tick_range(
-    frames: dict[str, pd.DataFrame], cadence_ms: int, start_ms: int | None = None, end_ms: int | None = None
+    first_ts: int, last_ts: int, cadence_ms: int, start_ms: int | None = None, end_ms: int | None = None
 ) -> np.ndarray:
-    """Ticks (multiples of ``cadence_ms``) from the first one after the first record to the first
-    one after the last record, clipped to [start_ms, end_ms]."""
-    ts = [f["ts"].to_numpy() for f in frames.values() if len(f)]
-    if not ts:
-        return np.empty(0, dtype=np.int64)
-    lo = min(int(t.min()) for t in ts) // cadence_ms + 1
-    hi = max(int(t.max()) for t in ts) // cadence_ms + 1
-    ticks = np.arange(lo, hi + 1, dtype=np.int64) * cadence_ms
+    """Ticks (multiples of ``cadence_ms``) from the first one after ``first_ts`` to the first one
+    after ``last_ts`` (so every record is seen), clipped to [start_ms, end_ms]."""
+    ticks = np.arange(first_ts // cadence_ms + 1, last_ts // cadence_ms + 2, dtype=np.int64) * cadence_ms
     if start_ms is not None:
         ticks = ticks[ticks >= start_ms]
     if end_ms is not None:
         ticks = ticks[ticks <= end_ms]
     return ticks
+
+
+def _extent(
+    data_dir: str | Path | None, frames: dict[str, pd.DataFrame]
+) -> tuple[list[str], int, int] | None:
+    """Node ids and first/last timestamp of a dataset folder (read cheaply) or of frames."""
+    nodes: set[str] = set()
+    lo, hi = [], []
+    if data_dir is not None:
+        read_manifest(data_dir)
+        for kind in KINDS:
+            for path in part_paths(data_dir, kind):
+                table = pq.read_table(path, columns=["node", "ts"])
+                if table.num_rows:
+                    nodes.update(pc.unique(table.column("node").cast(pa.string())).to_pylist())
+                    bounds = pc.min_max(table.column("ts")).as_py()
+                    lo.append(bounds["min"])
+                    hi.append(bounds["max"])
+    else:
+        for f in frames.values():
+            nodes.update(f["node"].unique())
+            lo.append(int(f["ts"].min()))
+            hi.append(int(f["ts"].max()))
+    return (sorted(nodes), min(lo), max(hi)) if lo else None
 
 
 class _Grid:
@@ -210,6 +231,26 @@ def _progress(enabled: bool, total: int, label: str) -> Callable[[], None]:
     return step
 
 
+def _plan(
+    data_dir: str | Path | None,
+    frames: dict[str, pd.DataFrame],
+    fs: FeatureSet,
+    cadence_ms: int,
+    start_ms: int | None,
+    end_ms: int | None,
+    nodes_per_group: int | None,
+) -> tuple[np.ndarray, list[list[str]]]:
+    """The ticks and the groups of nodes (each group's grid fits in memory)."""
+    if cadence_ms % fs.bucket_ms:
+        raise ValueError(f"cadence_ms must be a multiple of {fs.bucket_ms}")
+    extent = _extent(data_dir, frames)
+    if extent is None:
+        return np.empty(0, dtype=np.int64), []
+    nodes, first, last = extent
+    ticks = tick_range(first, last, cadence_ms, start_ms, end_ms)
+    return ticks, _node_groups(nodes, _grid_buckets(ticks, fs), fs, nodes_per_group)
+
+
 def compute_features(
     data_dir: str | Path | None = None,
     *,
@@ -226,25 +267,20 @@ def compute_features(
 ) -> pd.DataFrame:
     """The feature table: columns ``node``, ``ts``, then ``feature_set.names``; sorted by (ts, node).
 
-    Reads ``data_dir`` (dataset layout) or the given frames. ``cadence_ms`` must be a multiple
-    of ``feature_set.bucket_ms``. All records before ``start_ms`` still feed the windows.
+    Reads ``data_dir`` (dataset layout; one group of nodes at a time, so memory holds one
+    group's telemetry) or the given frames. ``cadence_ms`` must be a multiple of
+    ``feature_set.bucket_ms``. All records before ``start_ms`` still feed the windows.
     ``peer_groups`` (node -> group, e.g. its job) scopes the peer features; default: the cluster.
     """
-    if cadence_ms % feature_set.bucket_ms:
-        raise ValueError(f"cadence_ms must be a multiple of {feature_set.bucket_ms}")
-    if data_dir is not None:
-        frames = read_frames(data_dir, feature_set)
-    else:
-        frames = {k: v for k, v in zip(KINDS, (gpu, xid, link), strict=True) if v is not None and len(v)}
-    ticks = tick_range(frames, cadence_ms, start_ms, end_ms)
-    node_names = sorted(set().union(*(f["node"].unique() for f in frames.values()))) if frames else []
-    n_buckets = _grid_buckets(ticks, feature_set)
-    groups = _node_groups(node_names, n_buckets, feature_set, nodes_per_group)
+    frames = {k: v for k, v in zip(KINDS, (gpu, xid, link), strict=True) if v is not None and len(v)}
+    ticks, groups = _plan(data_dir, frames, feature_set, cadence_ms, start_ms, end_ms, nodes_per_group)
     step = _progress(progress, len(groups), "features")
     parts = []
     for group in groups:
-        mine = set(group)
-        sub = {k: f[f["node"].isin(mine)] for k, f in frames.items()} if len(groups) > 1 else frames
+        if data_dir is not None:
+            sub = read_frames(data_dir, feature_set, group if len(groups) > 1 else None)
+        else:
+            sub = {k: f[f["node"].isin(set(group))] for k, f in frames.items()} if len(groups) > 1 else frames
         parts.append(feature_rows({k: f for k, f in sub.items() if len(f)}, ticks, feature_set))
         step()
     return _finish(parts, feature_set, peer_groups)
@@ -270,26 +306,14 @@ def compute_features_dask(
 
     Each worker reads only its nodes' rows from the parquet parts (so the dataset never has to
     fit on one machine); peer features are computed on the gathered table. Same result as the
-    pandas engine, row for row.
+    pandas engine, row for row. ``client_or_address``: a ``distributed.Client`` or a scheduler
+    address (a client is then opened and closed here).
     """
     from distributed import Client, as_completed
 
-    if cadence_ms % feature_set.bucket_ms:
-        raise ValueError(f"cadence_ms must be a multiple of {feature_set.bucket_ms}")
+    ticks, groups = _plan(data_dir, {}, feature_set, cadence_ms, start_ms, end_ms, nodes_per_group)
     client = client_or_address if isinstance(client_or_address, Client) else Client(client_or_address)
     try:
-        read_manifest(data_dir)
-        keys = {
-            k: pd.concat(
-                [pq.read_table(p, columns=["node", "ts"]).to_pandas() for p in part_paths(data_dir, k)]
-                or [pd.DataFrame({"node": [], "ts": []})]
-            )
-            for k in KINDS
-        }
-        ticks = tick_range({k: v for k, v in keys.items() if len(v)}, cadence_ms, start_ms, end_ms)
-        node_names = sorted(set().union(*(v["node"].unique() for v in keys.values())))
-        n_buckets = _grid_buckets(ticks, feature_set)
-        groups = _node_groups(node_names, n_buckets, feature_set, nodes_per_group)
         futures = [
             client.submit(_partition, str(data_dir), g, ticks, feature_set, pure=False) for g in groups
         ]

@@ -57,6 +57,10 @@ def test_dask_local_cluster_equals_pandas(dataset, pandas_table):
     pd.testing.assert_frame_equal(table, pandas_table)
 
 
+def test_groups_of_nodes_read_separately_give_the_same_table(dataset, pandas_table):
+    pd.testing.assert_frame_equal(compute_features(dataset, nodes_per_group=4), pandas_table)
+
+
 def test_table_shape_and_precursors_show(dataset, pandas_table):
     assert list(pandas_table.columns) == ["node", "ts", *DEFAULT_FEATURE_SET.names]
     assert (pandas_table["ts"] % 60_000 == 0).all()
