@@ -98,14 +98,19 @@ class PartitionState:
         self.progress: dict[str, int] = {}
         self.next_boundary: int | None = None
         self._held: list[tuple[int, str, Any]] = []  # (effective ts, topic, record)
+        self._in_order = True  # _held is sorted by (effective ts, topic)
 
     # ---- intake --------------------------------------------------------------------------
     def add(self, topic: str, offset: int, records: Sequence[Any]) -> None:
         """Take one consumed message's records (already decoded and validated)."""
         self.positions[(topic, self.partition)] = offset + 1
         floor = self.progress.get(topic, -1) - self.lateness_ms
+        held = self._held
         for r in records:
-            self._held.append((r.ts if r.ts >= floor else floor, topic, r))
+            item = (r.ts if r.ts >= floor else floor, topic, r)
+            if held and self._in_order and (item[0], topic) < (held[-1][0], held[-1][1]):
+                self._in_order = False
+            held.append(item)
             if r.ts > self.progress.get(topic, -1):
                 self.progress[topic] = r.ts
         if self.next_boundary is None and self._held:
@@ -127,7 +132,9 @@ class PartitionState:
         boundary) do not change it: applying eagerly spreads the work without changing a score.
         """
         # (time, topic) then log order: ties never depend on how fetches of two logs interleaved
-        self._held.sort(key=lambda item: (item[0], item[1]))
+        if not self._in_order:
+            self._held.sort(key=lambda item: (item[0], item[1]))
+            self._in_order = True
         cut = bisect.bisect_right(self._held, until, key=lambda item: item[0])
         apply_by_tick(self.engine, self._held[:cut], self.tick_ms)
         del self._held[:cut]
@@ -167,4 +174,5 @@ class PartitionState:
             if topic not in RECORD_TYPES:
                 raise ValueError(f"checkpoint holds records of unknown topic {topic!r}")
             state._held.extend((int(eff), topic, r) for r in decode(topic, data))
+        state._in_order = False
         return state
