@@ -27,6 +27,7 @@ from features.spec import FeatureSet, Stat
 __all__ = ["BucketTable", "Carry", "bucketize", "gpu_columns", "gpu_counters", "link_columns"]
 
 _KEY_SHIFT: Final = np.int64(1 << 32)
+_COUNTERS_AT_ONCE: Final = 4
 Columns = Mapping[str, np.ndarray]
 
 
@@ -148,7 +149,11 @@ def _gpu_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) ->
     inc = np.zeros((len(counters), len(ts)))
     if counters and len(ts):
         carry.gpu = _grow(carry.gpu, int(node.max()) + 1, int(gpu.max()) + 1, len(counters))
-        inc = _increases(np.stack([cols[c][keep] for c in counters]), node, gpu, carry.gpu)
+        for i in range(0, len(counters), _COUNTERS_AT_ONCE):  # bounded temporaries on big batches
+            part = slice(i, i + _COUNTERS_AT_ONCE)
+            inc[part] = _increases(
+                np.stack([cols[c][keep] for c in counters[part]]), node, gpu, carry.gpu[:, :, part]
+            )
     idx = np.arange(len(ts))
     per_gpu = None
     gathered: dict[str, tuple[np.ndarray, np.ndarray]] = {}
