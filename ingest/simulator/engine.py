@@ -25,7 +25,7 @@ from ingest.contract import GPU_FIELDS, LINK_COUNTERS
 from ingest.dataset import EVENT_SCHEMA, GROUND_TRUTH_SCHEMA, XID_SCHEMA
 from ingest.simulator.counters import flatten, kept_rows
 from ingest.simulator.gpu import XID_MESSAGES, GpuBaseline, GpuGenerator, pci_bus_ids
-from ingest.simulator.links import LinkBaseline, LinkGenerator, link_port_names
+from ingest.simulator.links import LINK_STATES, LinkBaseline, LinkGenerator, link_port_names
 from ingest.simulator.profile import Profile
 from ingest.simulator.schedule import MS_PER_DAY, Failure, Schedule, draw_schedule
 
@@ -154,9 +154,9 @@ class Simulator:
         reported_or_none = None if reported.all() else reported
         episodes = self.schedule.episodes_between(lo - self.interval_ms, hi)
         gpu = gpu_gen.generate(rng, ts, up_or_none, reported_or_none, episodes, repairs)
-        link_cols = link_gen.generate(rng, ts, reported_or_none, episodes, repairs)
+        link_cols, link_state = link_gen.generate(rng, ts, reported_or_none, episodes, repairs)
         gpu_table = self._gpu_table(ts, gpu.columns, reported_or_none)
-        link_table = self._link_table(ts, link_cols, reported_or_none)
+        link_table = self._link_table(ts, link_cols, link_state, reported_or_none)
         xid_table = self._xid_table(gpu, self.schedule.failures_between(lo, hi))
         return Chunk(index, int(ts[0]), int(ts[-1]), gpu_table, xid_table, link_table)
 
@@ -190,16 +190,15 @@ class Simulator:
         return pa.Table.from_arrays(arrays, names=["node", "ts", "gpu", *GPU_FIELDS])
 
     def _link_table(
-        self, ts: np.ndarray, cols: dict[str, np.ndarray], reported: np.ndarray | None
+        self, ts: np.ndarray, cols: dict[str, np.ndarray], state: np.ndarray, reported: np.ndarray | None
     ) -> pa.Table:
         node, ts_col, port = self._keys(ts, self.ports, reported)
-        zeros = np.zeros(port.size, dtype=np.int32)
         arrays = [
             node,
             ts_col,
             self._dictionary(port, link_port_names(self.ports)),
-            self._dictionary(zeros, ("ib",)),
-            self._dictionary(zeros, ("ACTIVE",)),
+            self._dictionary(np.zeros(port.size, dtype=np.int32), ("ib",)),
+            self._dictionary(state, LINK_STATES),
         ]
         arrays += [pa.array(cols[name]) for name in LINK_COUNTERS]
         return pa.Table.from_arrays(arrays, names=["node", "ts", "port", "kind", "state", *LINK_COUNTERS])

@@ -17,7 +17,7 @@ from ingest.contract import LINK_COUNTERS
 from ingest.simulator.counters import Increments, cumulative, flatten, kept_rows, poisson_scatter
 from ingest.simulator.schedule import Episode, Failure
 
-__all__ = ["LinkBaseline", "LinkGenerator", "link_port_names"]
+__all__ = ["LinkBaseline", "LinkGenerator", "link_port_names", "LINK_STATES"]
 
 _SYMBOL_PER_HOUR: Final = 0.05
 _NOISY_PORT_FACTOR: Final = 60.0
@@ -35,6 +35,9 @@ _IB_LINK: Final = {
     "local_link_integrity_errors": 0.6,
     "port_rcv_remote_physical_errors": 6.0,
 }
+_FLAPS_PER_HOUR: Final = 2.0
+LINK_STATES: Final = ("ACTIVE", "DOWN")
+"""Port states as the sysfs collector reports them (``4: ACTIVE`` -> ``ACTIVE``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +80,11 @@ class LinkGenerator:
         reported: np.ndarray | None,
         episodes: list[Episode],
         repairs: list[tuple[int, Failure]],
-    ) -> dict[str, np.ndarray]:
-        """Flat counter columns in (step, node, port) order; rows where ``reported`` is False left out."""
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Flat counter columns and port states (index into :data:`LINK_STATES`) in (step, node, port)
+        order; rows where ``reported`` is False left out."""
         steps = ts.size
+        state = np.zeros((steps, self.nodes, self.ports), dtype=np.int32)
         inc = {name: Increments() for name in LINK_COUNTERS}
         poisson_scatter(rng, self.base.symbol_rate_h * self.hours, steps, inc["symbol_error"], burst_mean=4.0)
         poisson_scatter(
@@ -96,9 +101,13 @@ class LinkGenerator:
             for port in range(self.ports) if ep.gpu is None else (ep.gpu % self.ports,):
                 for name, per_hour in _IB_LINK.items():
                     inc[name].add(active, ep.node, port, rng.poisson(lam * per_hour))
+                flaps = active[rng.random(active.size) < lam * _FLAPS_PER_HOUR]  # down, then retrained
+                inc["link_downed"].add(flaps, ep.node, port, 1)
+                state[flaps, ep.node, port] = LINK_STATES.index("DOWN")
         resets = [(s, f.node) for s, f in repairs]
         rows = kept_rows(reported, self.ports)
-        return {
+        counters = {
             name: flatten(cumulative(self._carry[name], steps, inc[name], resets), rows, np.int64)
             for name in LINK_COUNTERS
         }
+        return counters, flatten(state, rows, np.int32)

@@ -155,3 +155,20 @@ def test_noise_sources_exist_on_healthy_nodes():
         after = mine.loc[a.end_ms : a.end_ms + length]
         rise_during, rise_after = during.iloc[-1] - during.iloc[0], after.iloc[-1] - after.iloc[0]
         assert rise_during >= 10 and rise_after < rise_during / 5, (a, rise_during, rise_after)
+
+
+def test_links_flap_only_in_the_run_up_to_a_link_failure():
+    sim = Simulator(
+        one_cause_profile("ib_link"), nodes=8, duration_ms=3 * 1440 * MINUTE, interval_ms=30_000, seed=3
+    )
+    link = pa.concat_tables([c.link for c in sim.chunks()]).to_pandas()
+    down = link[link.state == "DOWN"]
+    assert set(link.state) == {"ACTIVE", "DOWN"} and len(down) >= 3
+    windows = [
+        (sim.node_names[f.node], f"mlx5_{f.gpu}/1", f.precursor_start_ms, f.ts)
+        for f in sim.schedule.failures
+        if f.detectable
+    ]
+    for row in down.itertuples():
+        assert any(n == row.node and p == row.port and a <= row.ts < b for n, p, a, b in windows), row
+        assert row.link_downed >= 1
