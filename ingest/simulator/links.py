@@ -2,7 +2,8 @@
 
 Healthy links see congestion discards and, on a few marginal cables, a steady trickle of
 symbol errors that never lead anywhere. An ``ib_link`` foreshock makes the port's symbol
-errors, receive errors and link-error recoveries grow until the link goes down. Counters
+errors, receive errors and link-error recoveries grow, and the link flaps (a sample in state
+``DOWN``, ``link_downed`` + 1) more and more often until it goes down for good. Counters
 restart from zero when the node comes back from a repair (driver reload), as sysfs ones do.
 """
 
