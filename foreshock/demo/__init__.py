@@ -13,14 +13,16 @@ This is the composition root of the demo: it may import every package and picks 
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
 from foreshock.demo.replay import ReplayConfig, ReplayState, replay
-from foreshock.demo.report import DemoReport, build_report, plot_replay, write_report
+from foreshock.demo.report import DemoReport, build_report, plot_replay, write_report, write_scores
 
 __all__ = ["DemoSettings", "run_demo"]
 
@@ -87,27 +89,30 @@ def _train(s: DemoSettings, data_dir: Path, cut_ms: int, tracking_uri: str, say:
     # URI, not the tracking URI it is given: point both at the demo's store for this process.
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(tracking_uri)
+    for name in ("mlflow", "alembic"):  # the store's own chatter; errors still show
+        logging.getLogger(name).setLevel(logging.WARNING)
     features = compute_features(
         data_dir,
         feature_set=DEFAULT_FEATURE_SET,
         cadence_ms=60_000,
         end_ms=cut_ms - s.horizon_minutes * 60_000,
     )
-    model = train_from_dataset(
-        data_dir,
-        s.out / "train",
-        horizon_minutes=s.horizon_minutes,
-        tracking_uri=tracking_uri,
-        features=features,
-        feature_set=DEFAULT_FEATURE_SET,
-        budget_per_1000_node_days=s.budget_per_1000_node_days,
-        seed=s.seed,
-    )
+    with open(s.out / "train.log", "w") as log, redirect_stdout(log), redirect_stderr(log):
+        model = train_from_dataset(
+            data_dir,
+            s.out / "train",
+            horizon_minutes=s.horizon_minutes,
+            tracking_uri=tracking_uri,
+            features=features,
+            feature_set=DEFAULT_FEATURE_SET,
+            budget_per_1000_node_days=s.budget_per_1000_node_days,
+            seed=s.seed,
+        )
     m = model.metrics.get("model", {})
     say(
         f"trained and registered foreshock-risk v{model.version} on {len(features):,} rows: test PR-AUC "
         f"{m.get('pr_auc') or 0:.3f}, recall at budget {m.get('recall_at_budget') or 0:.2f} "
-        f"(report: {s.out / 'train' / 'report.md'})"
+        f"(report: {s.out / 'train' / 'report.md'}, log: {s.out / 'train.log'})"
     )
     return model
 
@@ -161,6 +166,7 @@ def run_demo(s: DemoSettings, *, live: bool = True, say: Callable[[str], None] =
     )
     plot = plot_replay(state, report, s.out / "replay.png")
     path = write_report(report, s.out, plot)
+    write_scores(state, s.out / "scores.parquet")
     for line in report.lines():
         say(line)
     say(f"report: {path}  plot: {plot}")

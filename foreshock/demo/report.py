@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 
 from foreshock.demo.replay import ReplayState
 from models.reliability import expected_crash_loss_gpu_seconds, mitigation_cost_gpu_seconds
 
-__all__ = ["FailureRow", "DemoReport", "build_report", "write_report", "plot_replay"]
+__all__ = ["FailureRow", "DemoReport", "build_report", "write_report", "write_scores", "plot_replay"]
 
 _MIN = 60_000
 
@@ -228,17 +229,16 @@ def plot_replay(state: ReplayState, report: DemoReport, path: Path) -> Path:
             )
     top.set_ylabel("node")
     top.set_title("Risk of every node over the replayed day (X: failure; green = predicted, blue = missed)")
-    for k, f in enumerate(report.failures):
-        mine = sorted((s.ts, s.probability) for s in state.scores if s.node == f.node and s.ts <= f.ts)
+    announced = [f for f in report.failures if f.detectable]
+    for k, f in enumerate(announced):
+        since = max([g.ts for g in report.failures if g.node == f.node and g.ts < f.ts], default=0)
+        mine = sorted(
+            (s.ts, s.probability) for s in state.scores if s.node == f.node and since < s.ts <= f.ts
+        )
         if mine:
             color = f"C{k % 10}"
-            bottom.plot(
-                hours([m[0] for m in mine]),
-                [m[1] for m in mine],
-                color=color,
-                lw=1,
-                label=f"{f.node} ({f.cause})" if k < 8 else None,
-            )
+            label = f"{f.node} ({f.cause}){', predicted' if f.predicted else ''}"
+            bottom.plot(hours([m[0] for m in mine]), [m[1] for m in mine], color=color, lw=1.2, label=label)
             bottom.plot(hours(f.ts), mine[-1][1], "X", color=color, ms=9)
     acted = [(ts, o.action) for ts, o in state.outcomes if o.action.kind in ("migrate", "checkpoint")]
     for ts, a in acted:
@@ -246,9 +246,7 @@ def plot_replay(state: ReplayState, report: DemoReport, path: Path) -> Path:
     bottom.axhline(report.threshold, color="black", ls="--", lw=1, label="alert threshold")
     bottom.set_xlabel("hours into the replayed day")
     bottom.set_ylabel("P(fail within horizon)")
-    bottom.set_title(
-        "Risk of the nodes that failed, up to their failure (X); dotted: migrations / checkpoints"
-    )
+    bottom.set_title("Nodes whose failure (X) was announced by foreshocks; dotted: migrations / checkpoints")
     bottom.legend(fontsize=7, loc="upper left", ncol=2)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -257,7 +255,8 @@ def plot_replay(state: ReplayState, report: DemoReport, path: Path) -> Path:
 
 
 def write_report(report: DemoReport, out: Path, plot: Path) -> Path:
-    """``report.md`` (the lines, the failure table, the plot) and ``report.json`` (the same facts)."""
+    """``report.md`` (the lines, the failure table, the plot), ``report.json`` (the same facts) and
+    ``scores.parquet`` (every risk score of the replayed day, for a second look)."""
     table = [
         "| failure (UTC) | node | cause | foreshock | predicted | lead (min) | action |",
         "|---|---|---|---|---|---|---|",
@@ -291,3 +290,17 @@ def write_report(report: DemoReport, out: Path, plot: Path) -> Path:
     )
     (out / "report.json").write_text(json.dumps(facts, indent=1))
     return out / "report.md"
+
+
+def write_scores(state: ReplayState, path: Path) -> Path:
+    """Every risk score of the replayed day: node, ts, probability, alert, top feature."""
+    pd.DataFrame(
+        {
+            "node": [s.node for s in state.scores],
+            "ts": np.array([s.ts for s in state.scores], dtype=np.int64),
+            "probability": [s.probability for s in state.scores],
+            "alert": [s.alert for s in state.scores],
+            "top_feature": [s.top_features[0].name if s.top_features else None for s in state.scores],
+        }
+    ).to_parquet(path, index=False)
+    return path

@@ -1,0 +1,109 @@
+"""``foreshock demo --no-live`` end to end on a small cluster, checked against the ground truth.
+
+One run (module fixture) of the real CLI in a subprocess: simulate, train and register in the
+embedded MLflow store, replay the last day through the predictor and the dry-run mitigator,
+report. The report's figures are recomputed here from what the run left on disk (ground truth,
+risk scores, audit log, registry) so a wrong join or a miscount fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ingest.dataset import read_ground_truth, read_manifest
+from models.registry import champion_version, sqlite_uri
+
+pytestmark = pytest.mark.e2e
+
+DAY_MS = 86_400_000
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("demo") / "run"
+    args = [
+        "demo",
+        "--no-live",
+        "--nodes",
+        "16",
+        "--days",
+        "2",
+        "--seed",
+        "5",
+        "--rate-multiplier",
+        "400",
+        "--spares",
+        "2",
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "foreshock", *args], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out, done.stdout
+
+
+def test_report_counts_the_ground_truth_failures_of_the_replayed_day(demo: tuple[Path, str]) -> None:
+    out, stdout = demo
+    report = json.loads((out / "report.json").read_text())
+    manifest = read_manifest(out / "data")
+    assert report["end_ms"] == manifest["end_ms"] and report["start_ms"] == manifest["end_ms"] - DAY_MS
+    truth = read_ground_truth(out / "data")
+    day = truth[(truth["ts"] >= report["start_ms"]) & (truth["ts"] < report["end_ms"])].sort_values("ts")
+    assert len(day) > 0
+    got = [(f["node"], f["ts"], f["cause"], f["detectable"]) for f in report["failures"]]
+    want = list(
+        zip(day["node"], day["ts"].astype(int), day["cause"], day["detectable"].astype(bool), strict=True)
+    )
+    assert got == want
+    assert f"Failures: {len(day)} ({int(day['detectable'].sum())} announced by foreshocks)" in stdout
+    assert (out / "report.md").read_text().count("| node0") == len(day)
+
+
+def test_predicted_failures_match_the_alerting_scores(demo: tuple[Path, str]) -> None:
+    out, _ = demo
+    report = json.loads((out / "report.json").read_text())
+    scores = pd.read_parquet(out / "scores.parquet")
+    assert scores["ts"].between(report["start_ms"], report["end_ms"]).all()
+    assert scores["node"].nunique() >= 14  # every node up at some point is scored
+    horizon = report["horizon_minutes"] * 60_000
+    for f in report["failures"]:
+        mine = scores[(scores["node"] == f["node"]) & scores["alert"]]
+        ahead = mine[(mine["ts"] >= f["ts"] - horizon) & (mine["ts"] < f["ts"])]
+        assert f["predicted"] == (len(ahead) > 0), f
+        if f["predicted"]:
+            assert f["lead_minutes"] == pytest.approx((f["ts"] - ahead["ts"].min()) / 60_000)
+            assert 0 < f["lead_minutes"] <= report["horizon_minutes"]
+        assert (f["saved_gpu_hours"] > 0) == (f["in_job"] and bool(f["action"])), f
+    assert report["predicted"] == sum(f["predicted"] for f in report["failures"])
+    assert report["alert_episodes"] >= report["false_alarm_episodes"] >= 0
+
+
+def test_actions_are_the_audited_dry_run_actions(demo: tuple[Path, str]) -> None:
+    out, _ = demo
+    report = json.loads((out / "report.json").read_text())
+    with sqlite3.connect(out / "audit.sqlite") as db:
+        rows = db.execute(
+            "SELECT action, COUNT(*) FROM mitigation_events WHERE status='skipped' AND dry_run=1 "
+            "GROUP BY action"
+        ).fetchall()
+        acted_on = db.execute("SELECT MIN(ts) FROM mitigation_events").fetchone()[0]
+    assert dict(rows) == report["actions"]
+    if acted_on is not None:
+        assert acted_on >= report["start_ms"]  # warm-up scores never reach the mitigator
+
+
+def test_model_is_registered_and_the_plot_written(demo: tuple[Path, str]) -> None:
+    out, _ = demo
+    assert champion_version(sqlite_uri(out / "data")) == "1"
+    assert (out / "train" / "metrics.json").is_file()
+    assert (out / "replay.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![risk over the replayed day](replay.png)" in (out / "report.md").read_text()
