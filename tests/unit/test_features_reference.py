@@ -101,3 +101,25 @@ def test_rows_exist_exactly_where_a_node_reported_within_live_ms():
     for t in table["ts"].unique()[::3]:
         recent = ts[(ts["ts"] >= t - fs.live_ms) & (ts["ts"] < t)]
         assert sorted(table.loc[table["ts"] == t, "node"]) == sorted(recent["node"].unique())
+
+
+def test_cadence_and_time_range_select_ticks_without_changing_values():
+    frames, _ = make_stream(8, 0)
+    fs = REGISTRY_SET
+    every = compute_features(gpu=frames["gpu"], xid=frames["xid"], link=frames["link"], feature_set=fs)
+    ticks = every["ts"].unique()
+    lo, hi = int(ticks[len(ticks) // 3]), int(ticks[2 * len(ticks) // 3])
+    coarse = compute_features(
+        gpu=frames["gpu"],
+        xid=frames["xid"],
+        link=frames["link"],
+        feature_set=fs,
+        cadence_ms=5 * B,
+        start_ms=lo,
+        end_ms=hi,
+    )
+    assert len(coarse) and (coarse["ts"] % (5 * B) == 0).all() and coarse["ts"].between(lo, hi).all()
+    want = every[every["ts"].isin(set(coarse["ts"]))].reset_index(drop=True)
+    pd.testing.assert_frame_equal(coarse, want)  # peers compare within one tick: unchanged too
+    with pytest.raises(ValueError, match="multiple"):
+        compute_features(gpu=frames["gpu"], feature_set=fs, cadence_ms=90_000)
