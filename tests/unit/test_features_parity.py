@@ -39,7 +39,7 @@ _FIELD_FOR_KIND = {
 }
 
 
-def registry_feature_set() -> FeatureSet:
+def registry_feature_set(bucket_ms: int = M) -> FeatureSet:
     """Every aggregation of the registry, on every kind it applies to, over short windows."""
     feats = []
     for name, agg in AGGREGATIONS.items():
@@ -55,10 +55,15 @@ def registry_feature_set() -> FeatureSet:
         PeerFeature(by["gpu_temp__mean__7m"], "rank"),
         PeerFeature(by["ecc_sbe_vol_total__increase__7m"], "z"),
     )
-    return FeatureSet(tuple(feats), peers, XID_CLASSES, live_ms=3 * M)
+    return FeatureSet(tuple(feats), peers, XID_CLASSES, bucket_ms=bucket_ms, live_ms=3 * M)
 
 
 REGISTRY_SET = registry_feature_set()
+SETS = {
+    "default": DEFAULT_FEATURE_SET,
+    "registry": REGISTRY_SET,
+    "registry_30s_buckets": registry_feature_set(30_000),
+}
 
 
 def make_stream(seed: int, tolerance_ms: int) -> tuple[dict[str, pd.DataFrame], np.ndarray]:
@@ -213,11 +218,11 @@ def feed(engine: OnlineFeatureEngine, frames, arrival, lo: int, hi: int, use_rec
     tolerance=st.sampled_from([0, 15_000, 60_000, 150_000]),
     batch_ms=st.sampled_from([5_000, 60_000, 400_000]),
     use_records=st.booleans(),
-    default_set=st.booleans(),
+    which=st.sampled_from(sorted(SETS)),
     by_job=st.booleans(),
 )
-def test_online_equals_batch_on_random_streams(seed, tolerance, batch_ms, use_records, default_set, by_job):
-    fs = DEFAULT_FEATURE_SET if default_set else REGISTRY_SET
+def test_online_equals_batch_on_random_streams(seed, tolerance, batch_ms, use_records, which, by_job):
+    fs = SETS[which]
     frames, arrival = make_stream(seed, tolerance)
     nodes = sorted(frames["gpu"]["node"].unique())
     jobs = {n: f"job{i % 2}" for i, n in enumerate(nodes[1:])} if by_job else None  # nodes[0]: no job
