@@ -85,7 +85,27 @@ def _dedup_last(keys: list[np.ndarray]) -> np.ndarray:
     return order[~same]
 
 
-def _increases(vals: np.ndarray, node: np.ndarray, member: np.ndarray, carry: np.ndarray) -> np.ndarray:
+@dataclass
+class _Runs:
+    """Rows regrouped by (node, member), ts order kept: the sequences counters difference along."""
+
+    order: np.ndarray
+    node: np.ndarray
+    member: np.ndarray
+    start: np.ndarray  # bool: first row of its (node, member)
+    group_start: np.ndarray  # index of that first row, per row
+    end: np.ndarray  # indices of each group's last row
+
+    @classmethod
+    def of(cls, node: np.ndarray, member: np.ndarray) -> _Runs:
+        order = np.argsort(node * np.int64(1 << 20) + member, kind="stable")
+        gn, gm = node[order], member[order]
+        start = np.r_[True, (gn[1:] != gn[:-1]) | (gm[1:] != gm[:-1])]
+        group_start = np.maximum.accumulate(np.where(start, np.arange(len(order)), 0))
+        return cls(order, gn, gm, start, group_start, np.flatnonzero(np.r_[start[1:], True]))
+
+
+def _increases(vals: np.ndarray, runs: _Runs, carry: np.ndarray) -> np.ndarray:
     """Reset-aware increases of counters ``vals`` (counters, rows) per (node, member).
 
     Rows come in ts order within each (node, member). A sample's previous value is the last
@@ -95,13 +115,17 @@ def _increases(vals: np.ndarray, node: np.ndarray, member: np.ndarray, carry: np
     c, n = vals.shape
     if not n or not c:
         return np.zeros((c, n))
-    order = np.argsort(node * np.int64(1 << 20) + member, kind="stable")
-    v, gn, gm = vals[:, order], node[order], member[order]
+    order, gn, gm, start, group_start, end = (
+        runs.order,
+        runs.node,
+        runs.member,
+        runs.start,
+        runs.group_start,
+        runs.end,
+    )
+    v = vals[:, order]
     rows = np.arange(n)
-    start = np.r_[True, (gn[1:] != gn[:-1]) | (gm[1:] != gm[:-1])]
-    group_start = np.maximum.accumulate(np.where(start, rows, 0))
     valid = ~np.isnan(v)
-    end = np.flatnonzero(np.r_[start[1:], True])
     if valid.all():  # fast path: the previous present value is the previous row
         prev = np.empty_like(v)
         prev[:, 1:] = v[:, :-1]
@@ -149,10 +173,11 @@ def _gpu_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) ->
     inc = np.zeros((len(counters), len(ts)))
     if counters and len(ts):
         carry.gpu = _grow(carry.gpu, int(node.max()) + 1, int(gpu.max()) + 1, len(counters))
+        runs = _Runs.of(node, gpu)
         for i in range(0, len(counters), _COUNTERS_AT_ONCE):  # bounded temporaries on big batches
             part = slice(i, i + _COUNTERS_AT_ONCE)
             inc[part] = _increases(
-                np.stack([cols[c][keep] for c in counters[part]]), node, gpu, carry.gpu[:, :, part]
+                np.stack([cols[c][keep] for c in counters[part]]), runs, carry.gpu[:, :, part]
             )
     idx = np.arange(len(ts))
     per_gpu = None
@@ -228,7 +253,7 @@ def _link_part(fs: FeatureSet, cols: Columns, carry: Carry, stats: list[Stat]) -
     inc = np.zeros((len(names), len(ts)))
     if names and len(ts):
         carry.link = _grow(carry.link, int(node.max()) + 1, int(port.max()) + 1, len(names))
-        inc = _increases(np.stack([cols[c][keep] for c in names]), node, port, carry.link)
+        inc = _increases(np.stack([cols[c][keep] for c in names]), _Runs.of(node, port), carry.link)
     for s in stats:
         if not len(ts):
             out[s] = np.zeros(0)

@@ -40,13 +40,11 @@ class Codes:
         codes, uniques = pd.factorize(
             values if isinstance(values, pd.Series) else np.asarray(values, dtype=object)
         )
-        mapped = np.empty(len(uniques), dtype=np.int64)
-        for i, name in enumerate(uniques):
-            code = self._index.get(name)
-            if code is None:
-                code = self._index[name] = len(self.names)
-                self.names.append(name)
-            mapped[i] = code
+        names = np.asarray(uniques, dtype=object).tolist()
+        mapped = np.array([self._index.get(name, -1) for name in names], dtype=np.int64)
+        for i in np.flatnonzero(mapped < 0):
+            mapped[i] = self._index[names[i]] = len(self.names)
+            self.names.append(names[i])
         return mapped[codes] if len(codes) else np.empty(0, dtype=np.int64)
 
     def lookup(self, names: Iterable[str]) -> np.ndarray:
