@@ -61,7 +61,8 @@ _FEATURES: Final = [
     *_gpu("memory_temp", "max", 30 * M),
     *_gpu("memory_temp", "slope", 2 * H),
     *_gpu("thermal_violation", "increase", H),
-    *_gpu("clocks_event_reasons", "gpus_above", 10 * M, threshold=0),
+    # clock-event bitmask: 0x1 alone is "GPU idle"; any value above 1 means a throttle reason is set
+    *_gpu("clocks_event_reasons", "gpus_above", 10 * M, threshold=1),
     *_gpu("sm_clock", "min", 30 * M),
     # power
     *_gpu("power_usage", "mean", 30 * M),
