@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-import msgspec
 import numpy as np
 import pandas as pd
 
@@ -95,11 +94,24 @@ def to_columns(
     return cols
 
 
+def _column(values: list[Any]) -> Any:
+    """A numeric (or all-None) list as a float/int array (None -> NaN), anything else as it is."""
+    sample = next((v for v in values if v is not None), None)
+    if sample is None:
+        return np.full(len(values), np.nan)
+    if isinstance(sample, str | dict):
+        return values
+    return np.array(values, dtype=np.float64) if None in values else np.array(values)
+
+
 def records_to_frames(records: Iterable[Any]) -> dict[str, pd.DataFrame]:
     """Group contract records by kind into dataset-layout frames; other record types are ignored."""
-    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
+    by_type: dict[type, list[Any]] = {}
     for r in records:
-        kind = _RECORD_KIND.get(type(r))
-        if kind is not None:
-            rows[kind].append(msgspec.structs.asdict(r))
-    return {k: pd.DataFrame(v) for k, v in rows.items() if v}
+        if type(r) in _RECORD_KIND:
+            by_type.setdefault(type(r), []).append(r)
+    out = {}
+    for t, recs in by_type.items():
+        fields = [f for f in t.__struct_fields__ if f not in ("extra", "deltas")]
+        out[_RECORD_KIND[t]] = pd.DataFrame({f: _column([getattr(r, f) for r in recs]) for f in fields})
+    return out
