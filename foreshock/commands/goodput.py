@@ -72,7 +72,7 @@ def _print_tables(console: Console, table: pd.DataFrame, traces: dict[int, Failu
                   f"restart {params.restart_s:g} s, migration {params.migration_s:g} s, "
                   f"spares {params.spares}, spare refill {params.spare_refill_s / 60:g} min\n"
                   f"operating point: recall {op.recall:.2f}, median lead {lead_s / 60:.1f} min, "
-                  f"false alarms {op.false_alarms_per_1000_node_days:g} per 1000 node-days")
+                  f"false alarms {op.false_alarms_per_1000_node_days:.2f} per 1000 node-days")
     for gpus, rows in table.groupby("gpus", sort=True):
         trace = traces[gpus]
         console.print(f"[bold]{gpus:,} GPUs[/] ({trace.nodes} nodes): {len(trace)} failures in "
