@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def serve(
     from predictor.model_source import ModelMismatchError, model_source
     from predictor.service import RiskService, ServiceConfig
 
+    sys.setswitchinterval(0.0005)  # the API thread waits less for the GIL held by the scoring loop
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kafka", "mlflow", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
