@@ -202,14 +202,17 @@ class RiskService:
                 for state in self._states.values():  # spread the engine work between boundaries
                     state.apply(limit)
                 break
+            # the engine answers at ticks from the buckets before them: asking at the tick after the
+            # boundary reads the current, partial bucket too, which holds exactly the records <= boundary
+            as_of = -(-boundary // self.engines.tick_ms) * self.engines.tick_ms
             tick = []
             for p, state in sorted(self._states.items()):
                 if state.next_boundary == boundary:
                     state.close(boundary)
                     self._dirty.add(p)
-                    tick.append(state.engine.features_at(boundary))
+                    tick.append(state.engine.features_at(as_of))
             frame = self.engines.finish(pd.concat(tick, ignore_index=True))
-            frame["ts"] = boundary  # the score is as of the boundary (features: complete ticks before it)
+            frame["ts"] = boundary
             if len(frame):
                 frames.append(frame)
                 rows += len(frame)
