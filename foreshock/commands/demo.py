@@ -21,6 +21,9 @@ def demo(
     ),
     profile: str = typer.Option("llama3", help="Shipped profile name (llama3, infinitehbd) or a TOML path."),
     spares: int = typer.Option(4, min=1, help="Hot-spare nodes outside the training job."),
+    budget: float = typer.Option(
+        100.0, min=0.0, help="Alert budget: false alarms allowed per 1,000 node-days (sets the threshold)."
+    ),
     live: bool = typer.Option(True, "--live/--no-live", help="Show the live view (rich) during the replay."),
 ) -> None:
     """Watch the whole system work: a simulated cluster fails, the model sees it coming, the job moves."""
@@ -36,6 +39,7 @@ def demo(
             days=days,
             seed=seed,
             rate_multiplier=rate_multiplier,
+            budget_per_1000_node_days=budget,
             spares=spares,
         )
     except (ProfileError, ValueError) as exc:

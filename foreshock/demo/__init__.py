@@ -41,7 +41,15 @@ class DemoSettings:
     rate_multiplier: float = 150.0  # a small cluster fails rarely: scale the rate to see failures in a day
     interval_ms: int = 60_000
     horizon_minutes: int = 60
-    budget_per_1000_node_days: float = 20.0  # alert budget: a small fleet has few node-days to spend
+    # alert budget, scaled like the failure rate: ~1 false alarm per 7 failures at the default multiplier
+    budget_per_1000_node_days: float = 100.0
+    # a few days of a small fleet hold few failures: learn slowly so early stopping on a noisy
+    # validation split does not stop after a handful of trees
+    lgb_params: tuple[tuple[str, float], ...] = (
+        ("learning_rate", 0.02),
+        ("num_leaves", 15),
+        ("min_child_samples", 100),
+    )
     score_every_ms: int = 300_000
     warmup_ms: int = 2 * 3_600_000
     spares: int = 4
@@ -107,6 +115,7 @@ def _train(s: DemoSettings, data_dir: Path, cut_ms: int, tracking_uri: str, say:
             feature_set=DEFAULT_FEATURE_SET,
             budget_per_1000_node_days=s.budget_per_1000_node_days,
             seed=s.seed,
+            params=dict(s.lgb_params),
         )
     m = model.metrics.get("model", {})
     say(
@@ -147,6 +156,7 @@ def run_demo(s: DemoSettings, *, live: bool = True, say: Callable[[str], None] =
         migration_s=s.migration_s,
         score_every_ms=s.score_every_ms,
         audit_path=s.out / "audit.sqlite",
+        watch_at=model.threshold,
     )
     say(f"replaying the last day through the predictor and the mitigator (dry run); audit: {cfg.audit_path}")
     state = _replay(cfg, model.threshold, live, say)

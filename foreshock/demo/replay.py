@@ -58,6 +58,7 @@ class ReplayConfig:
     migration_s: float
     score_every_ms: int
     audit_path: Path
+    watch_at: float  # risk that puts a node on watch; two records at or above it may trigger an action
 
 
 @dataclass
@@ -153,7 +154,16 @@ def replay(cfg: ReplayConfig, on_period: Callable[[ReplayState], None] | None = 
         clock,
     )
     state.job = job
-    policy = PolicyConfig(spare_nodes=spares, restart_s=cfg.restart_s, migration_s=cfg.migration_s)
+    # one confirming record: at a 5-minute scoring period, two records above watch already span 5 minutes
+    policy = PolicyConfig(
+        watch_at=cfg.watch_at,
+        clear_below=cfg.watch_at / 2,
+        confirm=1,
+        spare_nodes=spares,
+        restart_s=cfg.restart_s,
+        migration_s=cfg.migration_s,
+        max_concurrent_drains=cfg.spares,
+    )
     state.engine = MitigationEngine(ExpectedLossPolicy(policy), jobs=job, fleet_size=cfg.nodes)
     cfg.audit_path.unlink(missing_ok=True)
     audit = AuditLog(cfg.audit_path, bus=bus, clock=clock)

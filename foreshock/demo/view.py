@@ -50,7 +50,7 @@ class LiveView:
     def nodes(self, state: ReplayState) -> Table:
         table = Table(title="Nodes by risk", expand=True)
         for col in ("node", "P(fail 1h)", "state", "top feature"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=True, overflow="ellipsis")
         engine = state.engine
         ranked = sorted(state.latest.values(), key=lambda s: -s.probability)[:_ROWS]
         for s in ranked:
@@ -63,7 +63,7 @@ class LiveView:
     def alerts(self, state: ReplayState) -> Table:
         table = Table(title="Alerts and failures", expand=True)
         for col in ("time", "node", "event"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=True, overflow="ellipsis")
         events: list[tuple[int, str, str, str]] = []
         seen: set[str] = set()
         for s in state.scores[-2000:]:
@@ -78,7 +78,7 @@ class LiveView:
     def actions(self, state: ReplayState) -> Table:
         table = Table(title="Mitigator actions (dry run)", expand=True)
         for col in ("time", "action", "node", "why"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=True, overflow="ellipsis")
         for ts, o in state.outcomes[-_ROWS:]:
             table.add_row(_clock(ts), o.action.kind, o.action.node, o.action.reason[:60])
         return table
