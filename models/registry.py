@@ -86,8 +86,10 @@ def download_registered(uri: str, tracking_uri: str | None) -> tuple[Path, str]:
         name, number = ref.rsplit("/", 1)
         mv = client.get_model_version(name, number)
     dest = Path(tempfile.mkdtemp(prefix="foreshock-model-"))
+    # Resolve through this client: a bare models:/ URI would consult the process-wide registry.
+    source = client.get_model_version_download_uri(mv.name, mv.version)
     local = mlflow.artifacts.download_artifacts(
-        artifact_uri=f"models:/{mv.name}/{mv.version}", dst_path=str(dest), tracking_uri=tracking_uri
+        artifact_uri=source, dst_path=str(dest), tracking_uri=tracking_uri
     )
     return Path(local), str(mv.version)
 
@@ -145,7 +147,7 @@ def log_and_register(
             metadata=model.metadata(),
             pip_requirements=[f"lightgbm=={_lightgbm_version()}"],
         )
-        mv = mlflow.register_model(info.model_uri, MODEL_NAME)
+        mv = mlflow.register_model(info.model_uri, MODEL_NAME, await_registration_for=0)
     previous = champion_version(tracking_uri)
     champion_score: float | None = None
     if previous is not None:

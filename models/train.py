@@ -87,7 +87,8 @@ def fit_booster(
         workers = max(1, len(client.scheduler_info()["workers"]))
         train = dd.from_pandas(x_train.assign(_label=y_train), npartitions=workers)
         local = {k: v for k, v in params.items() if k != "n_jobs"}  # lightgbm.dask sets threads per worker
-        clf = DaskLGBMClassifier(client=client, n_estimators=DASK_ROUNDS, **local)
+        local.setdefault("n_estimators", DASK_ROUNDS)
+        clf = DaskLGBMClassifier(client=client, **local)
         clf.fit(train[list(x_train.columns)], train["_label"])
         booster = clf.booster_
     steps = range(10, booster.current_iteration() + 1, 10)
