@@ -78,6 +78,7 @@ class ServiceConfig:
     poll_timeout_s: float = 0.1
     max_records: int = 5_000
     max_rows_per_cycle: int = 100_000
+    apply_batch: int = 8_192  # held records of a partition that make it worth an engine update early
     top_k: int = 5
     history: int = 60
     ready_lag: int = 0
@@ -200,7 +201,8 @@ class RiskService:
             boundary = min(pending, default=None)
             if boundary is None or limit <= boundary:
                 for state in self._states.values():  # spread the engine work between boundaries
-                    state.apply(limit)
+                    if state.held >= self.config.apply_batch:
+                        state.apply(limit)
                 break
             # the engine answers at ticks from the buckets before them: asking at the tick after the
             # boundary reads the current, partial bucket too, which holds exactly the records <= boundary
