@@ -165,7 +165,8 @@ def replay(cfg: ReplayConfig, on_period: Callable[[ReplayState], None] | None = 
         max_concurrent_drains=cfg.spares,
     )
     state.engine = MitigationEngine(ExpectedLossPolicy(policy), jobs=job, fleet_size=cfg.nodes)
-    cfg.audit_path.unlink(missing_ok=True)
+    for stale in ("", "-wal", "-shm"):  # a fresh audit log per run
+        Path(f"{cfg.audit_path}{stale}").unlink(missing_ok=True)
     audit = AuditLog(cfg.audit_path, bus=bus, clock=clock)
     mitigation = MitigationService(
         bus, state.engine, Executor(audit, scheduler=NoScheduler(), dry_run=True, clock=clock)

@@ -247,7 +247,7 @@ def plot_replay(state: ReplayState, report: DemoReport, path: Path) -> Path:
     bottom.set_xlabel("hours into the replayed day")
     bottom.set_ylabel("P(fail within horizon)")
     bottom.set_title("Nodes whose failure (X) was announced by foreshocks; dotted: migrations / checkpoints")
-    bottom.legend(fontsize=7, loc="upper left", ncol=2)
+    bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -77,8 +77,8 @@ class LiveView:
 
     def actions(self, state: ReplayState) -> Table:
         table = Table(title="Mitigator actions (dry run)", expand=True)
-        for col in ("time", "action", "node", "why"):
-            table.add_column(col, no_wrap=True, overflow="ellipsis")
+        for col in ("time", "action", "node", "why"):  # the reason takes what the others leave
+            table.add_column(col, no_wrap=True, overflow="ellipsis", ratio=1 if col == "why" else None)
         for ts, o in state.outcomes[-_ROWS:]:
             table.add_row(_clock(ts), o.action.kind, o.action.node, o.action.reason[:60])
         return table
