@@ -87,16 +87,10 @@ def _simulate(s: DemoSettings, data_dir: Path, say: Callable[[str], None]):
 
 def _train(s: DemoSettings, data_dir: Path, cut_ms: int, tracking_uri: str, say: Callable[[str], None]):
     """Features on ``[start, cut - horizon)`` (labels never reach into the replayed day), then train."""
-    import mlflow
-
     from features import DEFAULT_FEATURE_SET
     from features.batch import compute_features
     from models.train import train_from_dataset
 
-    # models.registry.download_registered resolves models:/ URIs through MLflow's global registry
-    # URI, not the tracking URI it is given: point both at the demo's store for this process.
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_registry_uri(tracking_uri)
     for name in ("mlflow", "alembic"):  # the store's own chatter; errors still show
         logging.getLogger(name).setLevel(logging.WARNING)
     features = compute_features(

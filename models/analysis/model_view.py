@@ -66,9 +66,6 @@ def load_report(source: str | Path, tracking_uri: str | None = None) -> ModelRep
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    # RiskModel.load resolves models:/ URIs through MLflow's process-wide registry URI (not the
-    # tracking URI it is given), so point it at this store first.
-    mlflow.set_registry_uri(tracking_uri)
     model = RiskModel.load(text, tracking_uri=tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     run_id = client.get_model_version(
