@@ -2,6 +2,5 @@
 
 from pathlib import Path
 
-pytest_plugins = sorted(
-    f"tests.fixtures.{p.stem}" for p in (Path(__file__).parent / "fixtures").glob("*.py") if p.stem != "__init__"
-)
+_FIXTURES = Path(__file__).parent / "fixtures"
+pytest_plugins = sorted(f"tests.fixtures.{p.stem}" for p in _FIXTURES.glob("*.py") if p.stem != "__init__")
