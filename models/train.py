@@ -118,7 +118,7 @@ def train_on(
     budget_per_1000_node_days: float = 1.0,
     params: dict[str, Any] | None = None,
     dask_address: str | None = None,
-    negatives_per_positive: float = 50.0,
+    negatives_per_positive: float = 10.0,
     seed: int = 0,
     holdout_fraction: float = 0.15,
 ) -> tuple[RiskModel, dict[str, Any], dict[str, tuple[EvalRows, dict]]]:
