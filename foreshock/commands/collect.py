@@ -19,7 +19,7 @@ from typing import Any
 
 import typer
 
-from foreshock.commands.durations import parse_duration
+from foreshock.commands.durations import option_seconds as _seconds
 from ingest.collectors import (
     CollectorOptions,
     CollectorUnavailable,
@@ -44,13 +44,6 @@ class CapturedKind(StrEnum):
     kmsg = "kmsg"
     dcgm = "dcgm"
     ib = "ib"
-
-
-def _seconds(text: str, flag: str) -> float:
-    try:
-        return parse_duration(text).total_seconds()
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint=flag) from None
 
 
 def _check_policy(override: Path | None) -> None:

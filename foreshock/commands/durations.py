@@ -20,3 +20,13 @@ def parse_duration(text: str, default_unit: str = "s") -> timedelta:
         raise ValueError(f"not a duration: {text!r} (use e.g. 10s, 30m, 2h, 7d)")
     value, unit = match.groups()
     return timedelta(seconds=float(value) * _UNITS[unit or default_unit])
+
+
+def option_seconds(text: str, flag: str) -> float:
+    """Seconds of a duration flag; a bad value is a usage error naming the flag (exit 2)."""
+    import typer
+
+    try:
+        return parse_duration(text).total_seconds()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=flag) from None

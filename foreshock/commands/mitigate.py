@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from foreshock.commands.durations import parse_duration
+from foreshock.commands.durations import option_seconds as _seconds
 
 __all__ = ["register"]
 
@@ -24,13 +24,6 @@ class SchedulerName(StrEnum):
     slurm = "slurm"
     kubernetes = "kubernetes"
     none = "none"
-
-
-def _seconds(text: str, flag: str) -> float:
-    try:
-        return parse_duration(text).total_seconds()
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint=flag) from None
 
 
 def _scheduler(name: SchedulerName, kube_selector: str | None):
@@ -86,6 +79,8 @@ def mitigate(
     ),
 ) -> None:
     """Turn risk scores into safe, audited actions (checkpoint, migrate, drain)."""
+    from kafka.errors import KafkaError
+
     from ingest.kafka_bus import KafkaBus, ensure_topics
     from ingest.stream import publish
     from mitigator.audit import AuditLog
@@ -98,7 +93,12 @@ def mitigate(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
-    ensure_topics(kafka)
+    stop_after = _seconds(run_for, "--run-for") if run_for else None
+    try:
+        ensure_topics(kafka)
+    except KafkaError as exc:
+        typer.echo(f"foreshock mitigate: cannot reach the Kafka broker at {kafka}: {exc}", err=True)
+        raise typer.Exit(1) from None
     bus = KafkaBus(kafka, client_id="foreshock-mitigator")
     if pin or unpin:
         publish(bus, [pin_request(pin or unpin, pinned=bool(pin), reason="cli")])
@@ -141,8 +141,8 @@ def mitigate(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    if run_for:
-        threading.Timer(_seconds(run_for, "--run-for"), stop.set).start()
+    if stop_after is not None:
+        threading.Timer(stop_after, stop.set).start()
     try:
         service.run(stop)
     finally:
