@@ -65,17 +65,10 @@ def _stdout_sink(records: list[Any]) -> None:
 
 def _kafka_sink(bootstrap: str, source: str) -> tuple[Callable[[list[Any]], None], Callable[[], None]]:
     """Publish each poll's records (one message per topic and node) and flush; exit 1 if unreachable."""
-    from kafka.errors import KafkaError
-
-    from ingest.kafka_bus import KafkaBus, ensure_topics
+    from foreshock.commands.brokers import connect_kafka
     from ingest.stream import publish
 
-    try:
-        ensure_topics(bootstrap, TELEMETRY_TOPICS)
-    except KafkaError as exc:
-        typer.echo(f"foreshock collect: cannot reach Kafka at {bootstrap} ({exc}).", err=True)
-        raise typer.Exit(1) from None
-    bus = KafkaBus(bootstrap, client_id=f"foreshock-collect-{source}")
+    bus = connect_kafka(bootstrap, "collect", TELEMETRY_TOPICS, client_id=f"foreshock-collect-{source}")
 
     def sink(records: list[Any]) -> None:
         if records:

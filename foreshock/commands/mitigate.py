@@ -79,9 +79,7 @@ def mitigate(
     ),
 ) -> None:
     """Turn risk scores into safe, audited actions (checkpoint, migrate, drain)."""
-    from kafka.errors import KafkaError
-
-    from ingest.kafka_bus import KafkaBus, ensure_topics
+    from foreshock.commands.brokers import connect_kafka
     from ingest.stream import publish
     from mitigator.audit import AuditLog
     from mitigator.channels import CHANNELS
@@ -94,12 +92,7 @@ def mitigate(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
     stop_after = _seconds(run_for, "--run-for") if run_for else None
-    try:
-        ensure_topics(kafka)
-    except KafkaError as exc:
-        typer.echo(f"foreshock mitigate: cannot reach the Kafka broker at {kafka}: {exc}", err=True)
-        raise typer.Exit(1) from None
-    bus = KafkaBus(kafka, client_id="foreshock-mitigator")
+    bus = connect_kafka(kafka, "mitigate")
     if pin or unpin:
         publish(bus, [pin_request(pin or unpin, pinned=bool(pin), reason="cli")])
         bus.flush()

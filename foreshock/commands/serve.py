@@ -70,8 +70,8 @@ def serve(
     import uvicorn
 
     from features import DEFAULT_FEATURE_SET
+    from foreshock.commands.brokers import connect_kafka
     from ingest.bus import InMemoryBus
-    from ingest.kafka_bus import KafkaBus, ensure_topics
     from ingest.kafka_local import cache_dir
     from predictor.api import create_app
     from predictor.checkpoint import CheckpointStore
@@ -85,8 +85,7 @@ def serve(
         logging.getLogger(noisy).setLevel(logging.WARNING)
     token = read_token(token_file)
     if kafka:
-        ensure_topics(kafka)
-        bus = KafkaBus(kafka, client_id=f"foreshock-predictor-{os.getpid()}")
+        bus = connect_kafka(kafka, "serve", client_id=f"foreshock-predictor-{os.getpid()}")
         checkpoint_dir = checkpoint_dir or cache_dir() / "predictor" / group
     else:
         bus = InMemoryBus()

@@ -82,10 +82,9 @@ def simulate(
                 on_chunk=lambda c: bar.update(task, completed=_done(sim, c.end_ms)),
             )
         else:
-            from ingest.kafka_bus import KafkaBus, ensure_topics
+            from foreshock.commands.brokers import connect_kafka
 
-            ensure_topics(kafka)
-            bus = KafkaBus(kafka)
+            bus = connect_kafka(kafka, "simulate")
             try:
                 stream(
                     sim,
