@@ -21,8 +21,11 @@ def demo(
     ),
     profile: str = typer.Option("llama3", help="Shipped profile name (llama3, infinitehbd) or a TOML path."),
     spares: int = typer.Option(4, min=1, help="Hot-spare nodes outside the training job."),
-    budget: float = typer.Option(
-        100.0, min=0.0, help="Alert budget: false alarms allowed per 1,000 node-days (sets the threshold)."
+    budget: float | None = typer.Option(
+        None,
+        min=0.0,
+        help="Alert budget: false alarms allowed per 1,000 node-days (sets the threshold). "
+        "Default: 1 x the rate multiplier, since false-alarm transients scale with failures.",
     ),
     live: bool = typer.Option(True, "--live/--no-live", help="Show the live view (rich) during the replay."),
 ) -> None:

@@ -27,6 +27,7 @@ from foreshock.demo.report import DemoReport, build_report, plot_replay, write_r
 __all__ = ["DemoSettings", "run_demo"]
 
 _DAY_MS = 86_400_000
+BUDGET_AT_RATE_1 = 1.0  # false alarms per 1,000 node-days, as `foreshock train` defaults to
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,11 @@ class DemoSettings:
     rate_multiplier: float = 150.0  # a small cluster fails rarely: scale the rate to see failures in a day
     interval_ms: int = 60_000
     horizon_minutes: int = 60
-    # alert budget, scaled like the failure rate: ~1 false alarm per 7 failures at the default multiplier
-    budget_per_1000_node_days: float = 100.0
-    # a few days of a small fleet hold few failures: learn slowly so early stopping on a noisy
-    # validation split does not stop after a handful of trees
-    lgb_params: tuple[tuple[str, float], ...] = (
-        ("learning_rate", 0.02),
-        ("num_leaves", 15),
-        ("min_child_samples", 100),
-    )
+    # alert budget in false alarms per 1,000 node-days; None: 1 at the profile's own failure rate,
+    # times rate_multiplier (the simulator's false-alarm transients scale with the failures)
+    budget_per_1000_node_days: float | None = None
+    # LightGBM overrides for models.train (empty: the model's own defaults, chosen on validation)
+    lgb_params: tuple[tuple[str, float], ...] = ()
     score_every_ms: int = 300_000
     warmup_ms: int = 2 * 3_600_000
     spares: int = 4
@@ -63,6 +60,13 @@ class DemoSettings:
             raise ValueError("the demo needs at least 2 days: one or more to train on, the last to replay")
         if not 0 < self.spares < self.nodes:
             raise ValueError("spares must be between 1 and nodes - 1")
+
+    @property
+    def alert_budget(self) -> float:
+        """False alarms allowed per 1,000 node-days (sets the alert threshold on validation)."""
+        if self.budget_per_1000_node_days is not None:
+            return self.budget_per_1000_node_days
+        return BUDGET_AT_RATE_1 * self.rate_multiplier
 
 
 def _simulate(s: DemoSettings, data_dir: Path, say: Callable[[str], None]):
@@ -107,7 +111,7 @@ def _train(s: DemoSettings, data_dir: Path, cut_ms: int, tracking_uri: str, say:
             tracking_uri=tracking_uri,
             features=features,
             feature_set=DEFAULT_FEATURE_SET,
-            budget_per_1000_node_days=s.budget_per_1000_node_days,
+            budget_per_1000_node_days=s.alert_budget,
             seed=s.seed,
             params=dict(s.lgb_params),
         )
