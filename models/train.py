@@ -61,6 +61,9 @@ MAX_ROUNDS = 1000
 MIN_ROUNDS = 50
 EARLY_STOPPING_ROUNDS = 40
 NEGATIVES_PER_POSITIVE = math.inf
+# the logistic baseline keeps its own best recipe (10 negatives per positive: validation PR-AUC
+# 0.177 against 0.158 on every negative, llama3 512 nodes), so the model is judged against it
+LOGISTIC_NEGATIVES_PER_POSITIVE = 10.0
 DASK_ROUNDS = 200
 
 
@@ -184,7 +187,8 @@ def train_on(
         horizon_minutes=data.horizon_ms // 60_000,
     )
     model.calibration = platt_calibration(model.margin(val_rows.frame), val_rows.label)
-    logistic = LogisticBaseline(names, seed=seed).fit(train, train["label"].to_numpy())
+    logistic_rows = _subsample(parts["train"], LOGISTIC_NEGATIVES_PER_POSITIVE, seed)
+    logistic = LogisticBaseline(names, seed=seed).fit(logistic_rows, logistic_rows["label"].to_numpy())
     scorers = {"model": model.predict_proba, "rules": rule_scores, "logistic": logistic.score}
     thresholds = {
         p: val_rows.threshold_for_budget(scorers[p](val_rows.frame), budget_per_1000_node_days)
