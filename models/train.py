@@ -14,7 +14,8 @@ Recipe (each step on the time split of :mod:`models.splits`, nothing shuffled):
 2. Platt calibration of the raw margin on validation rows (a monotone map: ranking unchanged).
 3. The alert threshold: the lowest one whose false alarms on validation stay within the budget
    (default 1 per 1,000 node-days; :mod:`models.alerting`). The same procedure sets the
-   baselines' thresholds, so every predictor spends the same budget.
+   baselines' thresholds, so every predictor spends the same budget. The logistic baseline is
+   fitted on its own best training rows (10 negatives per positive), not the model's.
 4. Metrics of model and baselines on validation, test, and test restricted to held-out nodes.
 
 With a Dask scheduler address, step 1 runs through ``lightgbm.dask`` on that cluster: a fixed
