@@ -97,15 +97,16 @@ def stateful_gauge(carry: np.ndarray, steps: int, sets: list[tuple[int, int, int
 
 
 def kept_rows(up: np.ndarray | None, units: int) -> np.ndarray | None:
-    """Flat indices of the rows of up nodes in a (steps, nodes, units) chunk; ``None`` when all are up."""
-    return None if up is None else np.flatnonzero(np.repeat(up.reshape(-1), units))
+    """Boolean mask of the rows of up nodes in a flattened (steps, nodes, units) chunk; ``None`` when
+    all are up. A mask, not indices: selecting most rows of a column by mask is about a third faster."""
+    return None if up is None else np.repeat(up.reshape(-1), units)
 
 
 def flatten(values: np.ndarray, rows: np.ndarray | None, dtype: type) -> np.ndarray:
     """A chunk array as one contiguous column of ``dtype``, keeping only ``rows`` (select, then convert)."""
     flat = values.reshape(-1)
     if rows is not None:
-        flat = flat.take(rows)
+        flat = flat[rows]
     return np.ascontiguousarray(flat, dtype=dtype)
 
 
