@@ -171,22 +171,16 @@ class TopicChannel:
         self._acks: dict[str, str] = {}
         self._pending: list[Command] = []
 
-    def send(self, command: Command) -> None:
-        publish(
-            self.bus,
-            [
-                MitigationEvent(
-                    ts=command.issued_ms,
-                    node=command.node,
-                    action_id=command.action_id,
-                    action=_ACTION_OF[command.kind],
-                    status="started",
-                    job=command.job,
-                    reason=f"command {command.kind}",
-                )
-            ],
-        )
+    def _publish(self, command: Command, ts: int, status: str, reason: str) -> None:
+        """One durable ``mitigation.events`` record about ``command``: the channel's only message form."""
+        event = MitigationEvent(ts=ts, node=command.node, action_id=command.action_id,
+                                action=_ACTION_OF[command.kind], status=status, job=command.job,
+                                reason=reason)
+        publish(self.bus, [event])
         self.bus.flush()
+
+    def send(self, command: Command) -> None:
+        self._publish(command, command.issued_ms, "started", f"command {command.kind}")
 
     def _drain(self, timeout_s: float) -> None:
         if self._consumer is None:
@@ -211,21 +205,7 @@ class TopicChannel:
         return mine
 
     def ack(self, command: Command, detail: str) -> None:
-        publish(
-            self.bus,
-            [
-                MitigationEvent(
-                    ts=self.clock(),
-                    node=command.node,
-                    action_id=command.action_id,
-                    action=_ACTION_OF[command.kind],
-                    status="succeeded",
-                    job=command.job,
-                    reason=f"hook: {detail}",
-                )
-            ],
-        )
-        self.bus.flush()
+        self._publish(command, self.clock(), "succeeded", f"hook: {detail}")
 
     def wait(self, command: Command, timeout_s: float) -> str | None:
         deadline = time.monotonic() + timeout_s
