@@ -32,6 +32,7 @@ from models.registry import CHAMPION_ALIAS, CHAMPION_URI, MODEL_NAME, log_and_re
 from predictor.engines import OnlineEngines
 from predictor.model_source import PathModelSource
 from predictor.service import RiskService, ServiceConfig
+from tests.fixtures.kafka import PARTITIONS
 from tests.fixtures.predictor import simulator
 
 pytestmark = pytest.mark.integration
@@ -41,14 +42,17 @@ TOKEN = "integration-token"
 SEGMENT_MIN = 60
 
 
-def wait_for(what: str, check: Callable[[], object], timeout: float = 60, every: float = 0.3):
+def wait_for(what: str, check: Callable[[], object], timeout: float = 60, every: float = 0.3,
+             explain: Callable[[], str] = lambda: ""):
+    """``check()``'s first truthy answer; on timeout the error carries ``explain()`` (the state
+    of the processes involved), so a failure in CI can be read without rerunning it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = check()
         if got:
             return got
         time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}\n{explain()}")
 
 
 class Serve:
@@ -77,6 +81,21 @@ class Serve:
 
     def nodes(self) -> dict[str, int]:
         return {n["node"]: n["ts"] for n in self.get("/v1/nodes", limit=10_000).json()["nodes"]}
+
+    def partitions_owned(self) -> int:
+        """The partition numbers this process owns, as its metrics report them."""
+        for line in self.get("/metrics").text.splitlines():
+            if line.startswith("foreshock_predictor_partitions_owned "):
+                return int(float(line.split()[1]))
+        raise AssertionError("no foreshock_predictor_partitions_owned metric")
+
+    def describe(self) -> str:
+        """Scores, partitions and log tail: what a timed-out wait reports about this process."""
+        try:
+            state = f"partitions {self.partitions_owned()}, nodes {sorted(self.nodes().items())}"
+        except (httpx.TransportError, AssertionError) as exc:
+            state = f"API unreachable ({exc})"
+        return f"--- serve :{self.port} (exit {self.proc.poll()}): {state}\n{self.log.read_text()[-4000:]}"
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -240,11 +259,17 @@ def test_two_processes_split_the_nodes_and_the_survivor_takes_over(kafka_bootstr
     wait_for("both ready", lambda: a.ready() and b.ready(), timeout=90)
 
     def split():
+        # the group has settled (each owns some partitions, together all of them) and both have
+        # scored their nodes to the end; before that, one may still show what it just gave up
+        owned = a.partitions_owned(), b.partitions_owned()
         na, nb = a.nodes(), b.nodes()
-        return na and nb and set(na) | set(nb) == alive and set(na.values()) | set(nb.values()) == {last} \
-            and (na, nb)
+        return min(owned) > 0 and sum(owned) == PARTITIONS and set(na) | set(nb) == alive \
+            and set(na.values()) | set(nb.values()) == {last} and (na, nb)
 
-    nodes_a, nodes_b = wait_for("the nodes split between the two", split, timeout=90)
+    def explain() -> str:
+        return f"alive {sorted(alive)} at {last}\n{a.describe()}\n{b.describe()}"
+
+    nodes_a, nodes_b = wait_for("the nodes split between the two", split, timeout=120, explain=explain)
     assert not set(nodes_a) & set(nodes_b)
     letters = TopicReader(kafka_bootstrap, Topic.DEADLETTER)
     mark = letters.mark()
@@ -256,7 +281,7 @@ def test_two_processes_split_the_nodes_and_the_survivor_takes_over(kafka_bootstr
     stream(later, bus)
     bus.close()
     taken = wait_for("the survivor to score the dead one's nodes", lambda: (n := b.nodes()) and any(
-        n.get(node, 0) > last for node in nodes_a) and n, timeout=90)
+        n.get(node, 0) > last for node in nodes_a) and n, timeout=90, explain=b.describe)
     assert set(taken) >= set(nodes_b)
     dead = wait_for("the dead letter", lambda: letters.since(mark), timeout=30)
     assert dead[0].value == b"{not json" and "malformed JSON" in dead[0].reason
