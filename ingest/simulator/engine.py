@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from ingest.contract import GPU_FIELDS, LINK_COUNTERS
 from ingest.dataset import EVENT_SCHEMA, GROUND_TRUTH_SCHEMA, XID_SCHEMA
-from ingest.simulator.counters import flatten, kept_rows
+from ingest.simulator.counters import KeptRows
 from ingest.simulator.gpu import XID_MESSAGES, GpuBaseline, GpuGenerator, pci_bus_ids
 from ingest.simulator.links import LINK_STATES, LinkBaseline, LinkGenerator, link_port_names
 from ingest.simulator.profile import Profile
@@ -168,14 +168,14 @@ class Simulator:
     ) -> tuple[pa.Array, pa.Array, np.ndarray]:
         """node and ts columns of the kept rows in (step, node, unit) order, plus each row's unit index."""
         s, n = ts.size, self.nodes
-        rows = kept_rows(reported, units)
+        rows = KeptRows(reported, units)
         node = np.broadcast_to(np.arange(n, dtype=np.int32)[None, :, None], (s, n, units))
         ts_col = np.broadcast_to(ts[:, None, None], (s, n, units))
         unit = np.broadcast_to(np.arange(units, dtype=np.int32), (s, n, units))
         return (
-            self._dictionary(flatten(node, rows, np.int32), self.node_names),
-            pa.array(flatten(ts_col, rows, np.int64)),
-            flatten(unit, rows, np.int32),
+            self._dictionary(rows.select(node, np.int32), self.node_names),
+            pa.array(rows.select(ts_col, np.int64)),
+            rows.select(unit, np.int32),
         )
 
     def _gpu_table(

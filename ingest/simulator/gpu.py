@@ -22,9 +22,9 @@ import numpy as np
 
 from ingest.simulator.counters import (
     Increments,
+    KeptRows,
+    cumsum_steps,
     cumulative,
-    flatten,
-    kept_rows,
     poisson_scatter,
     stateful_gauge,
 )
@@ -274,10 +274,8 @@ class GpuGenerator:
         cols["mem_clock"] = np.full(shape, MEM_CLOCK)
         cols["fb_used"] = np.broadcast_to(base.fb_used, shape)
         cols["fb_free"] = np.broadcast_to(FB_TOTAL_MIB - base.fb_used, shape)
-        rows = kept_rows(reported, g)
-        flat = {
-            k: flatten(v, rows, np.int64 if v.dtype.kind in "iub" else np.float64) for k, v in cols.items()
-        }
+        rows = KeptRows(reported, g)
+        flat = {k: rows.select(v, np.int64 if v.dtype.kind in "iub" else np.float64) for k, v in cols.items()}
         return GpuChunk(
             flat,
             xid_ts.astype(np.int64),
@@ -377,7 +375,7 @@ class GpuGenerator:
         energy = power * self.interval_ms  # mJ per step
         if up is not None:
             energy *= up[:, :, None]
-        np.cumsum(energy, axis=0, out=energy)
+        cumsum_steps(energy)
         energy += self._energy[None]
         self._energy[:] = energy[-1]
         out["total_energy_consumption"] = energy.astype(np.int64)

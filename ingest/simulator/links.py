@@ -15,7 +15,7 @@ from typing import Final
 import numpy as np
 
 from ingest.contract import LINK_COUNTERS
-from ingest.simulator.counters import Increments, cumulative, flatten, kept_rows, poisson_scatter
+from ingest.simulator.counters import Increments, KeptRows, cumulative, poisson_scatter
 from ingest.simulator.schedule import Episode, Failure
 
 __all__ = ["LinkBaseline", "LinkGenerator", "link_port_names", "LINK_STATES"]
@@ -106,9 +106,9 @@ class LinkGenerator:
                 inc["link_downed"].add(flaps, ep.node, port, 1)
                 state[flaps, ep.node, port] = LINK_STATES.index("DOWN")
         resets = [(s, f.node) for s, f in repairs]
-        rows = kept_rows(reported, self.ports)
+        rows = KeptRows(reported, self.ports)
         counters = {
-            name: flatten(cumulative(self._carry[name], steps, inc[name], resets), rows, np.int64)
+            name: rows.select(cumulative(self._carry[name], steps, inc[name], resets), np.int64)
             for name in LINK_COUNTERS
         }
-        return counters, flatten(state, rows, np.int32)
+        return counters, rows.select(state, np.int32)
