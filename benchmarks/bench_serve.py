@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -228,21 +229,24 @@ def run(args: argparse.Namespace) -> int:
             stdout=subprocess.PIPE, text=True)
         procs.append(load)
         time.sleep(warm)  # first boundaries scored, every node known
-        c0, t0, window_start_ms = _consumed(url), time.monotonic(), now_ms()
+        cpu = psutil.Process(serve.pid)
+        c0, t0, window_start_ms, cpu0 = _consumed(url), time.monotonic(), now_ms(), _cpu_seconds(cpu)
         caller = subprocess.Popen(
             [*me, "--role", "api", "--url", url, "--rps", str(args.rps), "--seconds", str(args.seconds),
              "--nodes", str(args.nodes)], stdout=subprocess.PIPE, text=True)
         procs.append(caller)
         api = json.loads(caller.communicate(timeout=args.seconds + 60)[0])
-        c1, t1 = _consumed(url), time.monotonic()
+        c1, t1, cpu1 = _consumed(url), time.monotonic(), _cpu_seconds(cpu)
         offered = json.loads(load.communicate(timeout=120)[0])
         time.sleep(min(3.0, args.score_every))  # the last boundary's records reach the watcher
         stop.set()
         serve.terminate()
         serve.wait(60)
         ingest = (c1 - c0) / (t1 - t0)
+        share = (cpu1 - cpu0) / (t1 - t0)  # cores the service process got (all its threads)
         baseline = _decode_only_rate(bootstrap, 5.0)
-        _report(args, ingest, offered, baseline, api, [d for d in delays if d[0] >= window_start_ms], hops)
+        _report(args, ingest, share, offered, baseline, api, [d for d in delays if d[0] >= window_start_ms],
+                hops)
         return 0
     finally:
         stop.set()
@@ -253,7 +257,13 @@ def run(args: argparse.Namespace) -> int:
             broker.stop()
 
 
-def _report(args, ingest: float, offered: dict, baseline: float, api: dict, window: list, hops: list) -> None:
+def _cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def _report(args, ingest: float, share: float, offered: dict, baseline: float, api: dict, window: list,
+            hops: list) -> None:
     per_boundary: dict[int, int] = {}
     for t, n, _ in window:
         per_boundary[t] = per_boundary.get(t, 0) + n
@@ -264,6 +274,8 @@ def _report(args, ingest: float, offered: dict, baseline: float, api: dict, wind
     rate = offered["samples"] / offered["seconds"]
     print(f"ingest      {ingest:>10,.0f} GPU samples/s  (offered {rate:,.0f}/s)"
           f"   target >= 50,000: {'met' if ingest >= 50_000 else 'NOT met'}")
+    print(f"  per core  {ingest / share:>10,.0f} GPU samples per CPU-second of the service process, "
+          f"which got {share:.2f} of the {psutil.cpu_count()} cores (the broker and the load share them)")
     print(f"  baseline  {baseline:>10,.0f} GPU samples/s decode-only consumer; ratio {ingest / baseline:.2f}")
     print(f"scoring     {len(per_boundary)} boundaries in the window; nodes per boundary "
           f"{sorted(set(per_boundary.values()))}")

@@ -25,9 +25,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.lib.stride_tricks import sliding_window_view
 
-from features.buckets import Carry, bucketize, gpu_columns, link_columns
+from features.buckets import Carry, bucketize
 from features.default_set import DEFAULT_FEATURE_SET
-from features.frames import KINDS, Codes, to_columns
+from features.frames import KINDS, Codes, needed_columns, to_columns
 from features.kernels import AGGREGATIONS, EXACT_STAT_KINDS, add_peer_features, empty_value, reduce_direct
 from features.spec import FeatureSet, Reduction
 from ingest.dataset import part_paths, read_manifest
@@ -36,14 +36,6 @@ __all__ = ["compute_features", "compute_features_dask", "feature_rows", "tick_ra
 
 _GRID_BYTES = 128 * 2**20
 _WINDOW_BYTES = 32 * 2**20
-
-
-def _needed_columns(kind: str, fs: FeatureSet) -> list[str]:
-    if kind == "gpu":
-        return ["node", "ts", "gpu", *gpu_columns(fs)]
-    if kind == "xid":
-        return ["node", "ts", "gpu", "xid", "count"]
-    return ["node", "ts", "port", "state", *link_columns(fs)]
 
 
 def read_frames(
@@ -57,7 +49,7 @@ def read_frames(
         tables = []
         for path in part_paths(data_dir, kind):
             names = set(pq.read_schema(path).names)
-            cols = [c for c in _needed_columns(kind, fs) if c in names]
+            cols = [c for c in needed_columns(kind, fs) if c in names]
             tables.append(pq.read_table(path, columns=cols, filters=filters).to_pandas())
         tables = [t for t in tables if len(t)]
         if tables:

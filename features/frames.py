@@ -17,7 +17,7 @@ from features.buckets import gpu_columns, link_columns
 from features.spec import FeatureSet
 from ingest.contract import GpuSample, LinkSample, XidEvent
 
-__all__ = ["KINDS", "Codes", "to_columns", "records_to_frames"]
+__all__ = ["KINDS", "Codes", "needed_columns", "to_columns", "records_to_frames"]
 
 KINDS: Final = ("gpu", "xid", "link")
 _RECORD_KIND: Final = {GpuSample: "gpu", XidEvent: "xid", LinkSample: "link"}
@@ -104,14 +104,26 @@ def _column(values: list[Any]) -> Any:
     return np.array(values, dtype=np.float64) if None in values else np.array(values)
 
 
-def records_to_frames(records: Iterable[Any]) -> dict[str, pd.DataFrame]:
-    """Group contract records by kind into dataset-layout frames; other record types are ignored."""
+def needed_columns(kind: str, fs: FeatureSet) -> list[str]:
+    """The dataset-layout columns of ``kind`` that :func:`to_columns` reads for ``fs``."""
+    if kind == "gpu":
+        return ["node", "ts", "gpu", *gpu_columns(fs)]
+    if kind == "xid":
+        return ["node", "ts", "gpu", "xid", "count"]
+    return ["node", "ts", "port", "state", *link_columns(fs)]
+
+
+def records_to_frames(records: Iterable[Any], fs: FeatureSet) -> dict[str, pd.DataFrame]:
+    """Group contract records by kind into dataset-layout frames of the columns ``fs`` reads
+    (the rest are never turned into columns: this is the online engine's hot path); other
+    record types are ignored."""
     by_type: dict[type, list[Any]] = {}
     for r in records:
         if type(r) in _RECORD_KIND:
             by_type.setdefault(type(r), []).append(r)
     out = {}
     for t, recs in by_type.items():
-        fields = [f for f in t.__struct_fields__ if f not in ("extra", "deltas")]
-        out[_RECORD_KIND[t]] = pd.DataFrame({f: _column([getattr(r, f) for r in recs]) for f in fields})
+        kind = _RECORD_KIND[t]
+        fields = [f for f in needed_columns(kind, fs) if f in t.__struct_fields__]
+        out[kind] = pd.DataFrame({f: _column([getattr(r, f) for r in recs]) for f in fields})
     return out

@@ -83,7 +83,7 @@ class OnlineFeatureEngine:
 
         The records form one micro-batch: their order inside it does not matter.
         """
-        self.update_frames(records_to_frames(records))
+        self.update_frames(records_to_frames(records, self.feature_set))
 
     def update_frame(self, kind: str, frame: pd.DataFrame) -> None:
         """Add one micro-batch of ``kind`` (``gpu``, ``xid``, ``link``) in dataset-layout columns."""

@@ -63,7 +63,8 @@ NodeId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class _Record(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class _Record(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, omit_defaults=True,
+              gc=False):
     """Fields every record carries: schema version, node id, epoch-ms timestamp."""
 
     v: Version = SCHEMA_VERSION

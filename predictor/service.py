@@ -154,6 +154,7 @@ class RiskService:
         """Poll, hold, close due boundaries, score, publish; checkpoint and reload when due."""
         assert self._stream is not None, "start() first"
         dead_before = self._stream.dead_letters
+        taken: dict[str, int] = {}
         for d in self._stream.poll(self.config.poll_timeout_s, self.config.max_records):
             m = d.message
             state = self._states.get(m.partition)
@@ -161,8 +162,9 @@ class RiskService:
                 continue
             state.add(m.topic, m.offset, d.records)
             self._dirty.add(m.partition)
-            if d.records:
-                self.metrics.records.labels(topic=m.topic).inc(len(d.records))
+            taken[m.topic] = taken.get(m.topic, 0) + len(d.records)
+        for topic, n in taken.items():  # one metric update per topic and poll, not per message
+            self.metrics.records.labels(topic=topic).inc(n)
         self.metrics.dead_letters.inc(self._stream.dead_letters - dead_before)
         lag = self._lag()
         scores = self._score_due(lag)

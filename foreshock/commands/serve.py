@@ -7,6 +7,7 @@ the feature engines, the model source and the checkpoint store, and passes them 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -101,6 +102,10 @@ def serve(
     except (ModelMismatchError, FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    # Full collections walk every tracked object while holding the interpreter lock; start-up
+    # leaves hundreds of thousands (imported libraries, the model) that never die. Freezing them
+    # keeps each full collection to what the loop allocates, so API answers do not wait on it.
+    gc.freeze()
     stop = threading.Event()
     server = uvicorn.Server(uvicorn.Config(create_app(service, token=token), host=host, port=port,
                                            log_level="warning", access_log=False))
