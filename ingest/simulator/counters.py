@@ -41,36 +41,109 @@ class Increments:
         return tuple(np.concatenate([p[i] for p in self._parts]) for i in range(4))  # type: ignore[return-value]
 
 
+class KeptRows:
+    """The rows of a flattened ``(steps, nodes, units)`` chunk that are kept: the units of nodes
+    ``reported`` (``(steps, nodes)`` bool; ``None``: all) at that step, in (step, node, unit) order.
+
+    Columns are built straight in this layout where they can be (a value per unit repeated over
+    the steps, plus sparse changes), and selected from a full chunk array otherwise. A node's
+    units are adjacent, so both work on whole ``units``-wide rows (one opaque item each): the mask
+    is a byte per (step, node), not per value, and kept rows are copied in runs.
+    """
+
+    def __init__(self, reported: np.ndarray | None, steps: int, nodes: int, units: int):
+        self.steps, self.nodes, self.units = steps, nodes, units
+        self.mask = None if reported is None else reported.reshape(-1)
+        kept = steps * nodes if self.mask is None else int(np.count_nonzero(self.mask))
+        self.size = kept * units
+        self._node_of_row: np.ndarray | None = None
+        self._position: np.ndarray | None = None
+
+    def _row(self, itemsize: int) -> np.dtype:
+        return np.dtype((np.void, self.units * itemsize))
+
+    def select(self, values: np.ndarray, dtype: type) -> np.ndarray:
+        """``values`` (a full chunk array) as one contiguous column of ``dtype``, kept rows only."""
+        flat = values.reshape(-1)  # a view, or a copy of a broadcast
+        if self.mask is not None:
+            flat = flat.view(self._row(flat.itemsize))[self.mask].view(flat.dtype)
+        return np.ascontiguousarray(flat, dtype=dtype)
+
+    def per_unit(self, values: np.ndarray) -> np.ndarray:
+        """A new column holding ``values[node, unit]`` (``(nodes, units)``) at every kept step."""
+        values = np.ascontiguousarray(np.broadcast_to(values, (self.nodes, self.units))).reshape(-1)
+        if self.mask is None:
+            out = np.empty((self.steps, values.size), dtype=values.dtype)
+            out[:] = values
+            return out.reshape(-1)
+        if self._node_of_row is None:
+            self._node_of_row = np.flatnonzero(self.mask) % self.nodes
+        return values.view(self._row(values.itemsize)).take(self._node_of_row).view(values.dtype)
+
+    def per_step(self, values: np.ndarray) -> np.ndarray:
+        """A new column holding ``values[step]`` (``(steps,)``) on every kept unit of that step."""
+        if self.mask is None:
+            return np.repeat(values, self.nodes * self.units)
+        kept = np.count_nonzero(self.mask.reshape(self.steps, self.nodes), axis=1)
+        return np.repeat(values, kept * self.units)
+
+    def position(self) -> np.ndarray:
+        """``(steps, nodes)``: where each (step, node)'s first unit sits in a column; -1 if not kept."""
+        if self._position is None:
+            if self.mask is None:
+                pos = np.arange(self.steps * self.nodes, dtype=np.int64)
+            else:
+                pos = np.cumsum(self.mask, dtype=np.int64)
+                pos -= 1
+                pos[~self.mask] = -1
+            pos[pos >= 0] *= self.units
+            self._position = pos.reshape(self.steps, self.nodes)
+        return self._position
+
+
 def cumulative(
-    carry: np.ndarray, steps: int, inc: Increments, resets: list[tuple[int, int]] = ()
+    carry: np.ndarray, rows: KeptRows, inc: Increments, resets: list[tuple[int, int]] = ()
 ) -> np.ndarray:
-    """Counter values ``(steps, nodes, units)`` from the carried value plus ``inc``.
+    """Counter values as a kept-rows column (:class:`KeptRows`): the carried value plus ``inc``.
 
     ``resets`` are (step, node) pairs where the node's counter restarts from zero (a reboot or
-    driver reload after repair); a step equal to ``steps`` resets the carry only. ``carry`` is
-    updated in place to the value after the chunk.
+    driver reload after repair); a step at or after ``rows.steps`` resets the carry only. ``carry``
+    is updated in place to the value after the chunk (kept or not: a node runs on unseen).
     """
-    nodes, units = carry.shape
-    if carry.any():
-        out = np.empty((steps, nodes * units), dtype=np.int64)
-        out[:] = carry.reshape(1, -1)
-    else:  # most counters of most units never moved: zeroed pages cost nothing until read
-        out = np.zeros((steps, nodes * units), dtype=np.int64)
+    steps, units = rows.steps, rows.units
+    # most counters of most units never moved: zeroed pages cost nothing until read
+    out = rows.per_unit(carry) if carry.any() else np.zeros(rows.size, dtype=np.int64)
+    last = carry.copy()
+    col_node = col_unit = delta = None
     arrays = inc.arrays()
     if arrays is not None:
         step, node, unit, amount = arrays
-        col = node * units + unit
-        cols, which = np.unique(col, return_inverse=True)
+        cols, which = np.unique(node * units + unit, return_inverse=True)
         delta = np.zeros((steps, cols.size), dtype=np.int64)
         np.add.at(delta, (step, which), amount)
         cumsum_steps(delta)
-        out[:, cols] += delta
-    out = out.reshape(steps, nodes, units)
+        col_node, col_unit = np.divmod(cols, units)
+        where = rows.position()[:, col_node]
+        kept = where >= 0
+        out[(where + col_unit)[kept]] += delta[kept]
+        last.reshape(-1)[cols] += delta[-1]
+    restarts: dict[int, list[int]] = {}
     for step, node in sorted(resets):
-        base = out[step - 1, node].copy() if step > 0 else carry[node].copy()
         if step < steps:
-            out[step:, node] -= base
-    carry[:] = out[-1]
+            restarts.setdefault(node, []).append(step)
+    for node, at in restarts.items():  # the node's own (steps, units) values, then its kept rows
+        values = np.empty((steps, units), dtype=np.int64)
+        values[:] = carry[node]
+        if delta is not None:
+            mine = col_node == node
+            values[:, col_unit[mine]] += delta[:, mine]
+        for step in at:
+            values[step:] -= values[step - 1].copy() if step > 0 else carry[node]
+        where = rows.position()[:, node]
+        kept = where >= 0
+        out[(where[kept, None] + np.arange(units)).reshape(-1)] = values[kept].reshape(-1)
+        last[node] = values[-1]
+    carry[:] = last
     for step, node in resets:
         if step >= steps:
             carry[node] = 0
@@ -90,45 +163,25 @@ def cumsum_steps(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def stateful_gauge(carry: np.ndarray, steps: int, sets: list[tuple[int, int, int | None, int]]) -> np.ndarray:
-    """A gauge that holds its last value (e.g. the last Xid): ``sets`` are (step, node, unit|None, value).
+def stateful_gauge(
+    carry: np.ndarray, rows: KeptRows, sets: list[tuple[int, int, int | None, int]]
+) -> np.ndarray:
+    """A gauge that holds its last value (e.g. the last Xid), as a kept-rows column: ``sets`` are
+    (step, node, unit|None, value).
 
     A unit of ``None`` sets every unit of the node. Sets apply in time order; ``carry`` is updated.
     """
-    out = np.zeros((steps, *carry.shape), dtype=np.int64)
-    if carry.any():
-        out[:] = carry
-    for step, node, unit, value in sorted(sets, key=lambda s: s[0]):
-        where = slice(None) if unit is None else unit
-        out[step:, node, where] = value
-    if steps:
-        carry[:] = out[-1]
-        for step, node, unit, value in sets:  # sets after the last sample only move the carry
-            if step >= steps:
-                carry[node, slice(None) if unit is None else unit] = value
+    out = rows.per_unit(carry) if carry.any() else np.zeros(rows.size, dtype=np.int64)
+    units = np.arange(rows.units)
+    in_chunk = sorted((s for s in sets if s[0] < rows.steps), key=lambda s: s[0])
+    for step, node, unit, value in in_chunk:
+        where = rows.position()[step:, node]
+        where = where[where >= 0]
+        out[(where[:, None] + (units if unit is None else unit)).reshape(-1)] = value
+    # the value after the chunk: the last set in time order, then sets after the last sample
+    for _, node, unit, value in in_chunk + [s for s in sets if s[0] >= rows.steps]:
+        carry[node, slice(None) if unit is None else unit] = value
     return out
-
-
-class KeptRows:
-    """The rows of a flattened ``(steps, nodes, units)`` chunk that are kept: those of nodes
-    ``reported`` (``(steps, nodes)`` bool; ``None``: all) at that step.
-
-    A node's units are adjacent, so selection works on whole ``units``-wide rows (one opaque item
-    each): the mask is a byte per (step, node), not per value, and kept rows are copied in runs.
-    That is several times faster than a per-value mask or ``np.take``, and selects the same values.
-    """
-
-    def __init__(self, reported: np.ndarray | None, units: int):
-        self.mask = None if reported is None else reported.reshape(-1)
-        self.units = units
-
-    def select(self, values: np.ndarray, dtype: type) -> np.ndarray:
-        """``values`` as one contiguous column of ``dtype``, kept rows only (select, then convert)."""
-        flat = values.reshape(-1)  # a view, or a copy of a broadcast
-        if self.mask is not None:
-            row = np.dtype((np.void, self.units * flat.itemsize))
-            flat = flat.view(row)[self.mask].view(flat.dtype)
-        return np.ascontiguousarray(flat, dtype=dtype)
 
 
 def poisson_scatter(

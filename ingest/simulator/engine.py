@@ -153,35 +153,28 @@ class Simulator:
         up_or_none = None if up.all() else up
         reported_or_none = None if reported.all() else reported
         episodes = self.schedule.episodes_between(lo - self.interval_ms, hi)
-        gpu = gpu_gen.generate(rng, ts, up_or_none, reported_or_none, episodes, repairs)
-        link_cols, link_state = link_gen.generate(rng, ts, reported_or_none, episodes, repairs)
-        gpu_table = self._gpu_table(ts, gpu.columns, reported_or_none)
-        link_table = self._link_table(ts, link_cols, link_state, reported_or_none)
+        gpu_rows = KeptRows(reported_or_none, ts.size, self.nodes, self.gpus)
+        link_rows = KeptRows(reported_or_none, ts.size, self.nodes, self.ports)
+        gpu = gpu_gen.generate(rng, ts, up_or_none, gpu_rows, episodes, repairs)
+        link_cols, link_state = link_gen.generate(rng, ts, link_rows, episodes, repairs)
+        gpu_table = self._gpu_table(ts, gpu.columns, gpu_rows)
+        link_table = self._link_table(ts, link_cols, link_state, link_rows)
         xid_table = self._xid_table(gpu, self.schedule.failures_between(lo, hi))
         return Chunk(index, int(ts[0]), int(ts[-1]), gpu_table, xid_table, link_table)
 
     def _dictionary(self, index: np.ndarray, values: tuple[str, ...]) -> pa.DictionaryArray:
         return pa.DictionaryArray.from_arrays(pa.array(index.astype(np.int32, copy=False)), pa.array(values))
 
-    def _keys(
-        self, ts: np.ndarray, units: int, reported: np.ndarray | None
-    ) -> tuple[pa.Array, pa.Array, np.ndarray]:
+    def _keys(self, ts: np.ndarray, rows: KeptRows) -> tuple[pa.Array, pa.Array, np.ndarray]:
         """node and ts columns of the kept rows in (step, node, unit) order, plus each row's unit index."""
-        s, n = ts.size, self.nodes
-        rows = KeptRows(reported, units)
-        node = np.broadcast_to(np.arange(n, dtype=np.int32)[None, :, None], (s, n, units))
-        ts_col = np.broadcast_to(ts[:, None, None], (s, n, units))
-        unit = np.broadcast_to(np.arange(units, dtype=np.int32), (s, n, units))
         return (
-            self._dictionary(rows.select(node, np.int32), self.node_names),
-            pa.array(rows.select(ts_col, np.int64)),
-            rows.select(unit, np.int32),
+            self._dictionary(rows.per_unit(np.arange(self.nodes, dtype=np.int32)[:, None]), self.node_names),
+            pa.array(rows.per_step(ts)),
+            rows.per_unit(np.arange(rows.units, dtype=np.int32)),
         )
 
-    def _gpu_table(
-        self, ts: np.ndarray, cols: dict[str, np.ndarray], reported: np.ndarray | None
-    ) -> pa.Table:
-        node, ts_col, gpu = self._keys(ts, self.gpus, reported)
+    def _gpu_table(self, ts: np.ndarray, cols: dict[str, np.ndarray], rows: KeptRows) -> pa.Table:
+        node, ts_col, gpu = self._keys(ts, rows)
         arrays = [node, ts_col, pa.array(gpu.astype(np.int64))]
         for field in GPU_FIELDS:
             arrays.append(
@@ -190,9 +183,9 @@ class Simulator:
         return pa.Table.from_arrays(arrays, names=["node", "ts", "gpu", *GPU_FIELDS])
 
     def _link_table(
-        self, ts: np.ndarray, cols: dict[str, np.ndarray], state: np.ndarray, reported: np.ndarray | None
+        self, ts: np.ndarray, cols: dict[str, np.ndarray], state: np.ndarray, rows: KeptRows
     ) -> pa.Table:
-        node, ts_col, port = self._keys(ts, self.ports, reported)
+        node, ts_col, port = self._keys(ts, rows)
         arrays = [
             node,
             ts_col,

@@ -173,13 +173,12 @@ class GpuGenerator:
         rng: np.random.Generator,
         ts: np.ndarray,
         up: np.ndarray | None,
-        reported: np.ndarray | None,
+        rows: KeptRows,
         episodes: list[Episode],
         repairs: list[tuple[int, Failure]],
     ) -> GpuChunk:
-        """One chunk; ``up``/``reported`` (steps, nodes) masks say which nodes run / are scraped.
-
-        ``repairs`` are (step, failure) for nodes back up at that step after a failure.
+        """One chunk; ``up`` (steps, nodes) says which nodes run, ``rows`` which GPU rows are kept
+        (those of nodes scraped). ``repairs`` are (step, failure) for nodes back up at that step.
         """
         steps, n, g = ts.size, self.nodes, self.gpus
         noise = self.profile.noise.sensor_noise
@@ -258,26 +257,25 @@ class GpuGenerator:
         watts *= 100
         np.rint(watts, out=watts)
         watts /= 100
-        cols = self._counters(steps, inc, repairs, watts, up, gauge_sets)
+        cols = self._counters(rows, inc, repairs, watts, up, gauge_sets)
         mem_copy = util * 0.42
         for gauge in (temp, mem_temp, util, mem_copy, sm_clock):  # sensors report whole units
             np.rint(gauge, out=gauge)
-        cols.update(
-            gpu_temp=temp,
-            memory_temp=mem_temp,
-            power_usage=watts,
-            sm_clock=sm_clock,
-            gpu_util=util,
-            mem_copy_util=mem_copy,
-            clocks_event_reasons=reasons,
-        )
-        cols["mem_clock"] = np.full(shape, MEM_CLOCK)
-        cols["fb_used"] = np.broadcast_to(base.fb_used, shape)
-        cols["fb_free"] = np.broadcast_to(FB_TOTAL_MIB - base.fb_used, shape)
-        rows = KeptRows(reported, g)
-        flat = {k: rows.select(v, np.int64 if v.dtype.kind in "iub" else np.float64) for k, v in cols.items()}
+        gauges = {
+            "gpu_temp": temp,
+            "memory_temp": mem_temp,
+            "power_usage": watts,
+            "sm_clock": sm_clock,
+            "gpu_util": util,
+            "mem_copy_util": mem_copy,
+        }
+        cols.update((name, rows.select(gauge, np.float64)) for name, gauge in gauges.items())
+        cols["clocks_event_reasons"] = rows.select(reasons, np.int64)
+        cols["mem_clock"] = np.full(rows.size, MEM_CLOCK)
+        cols["fb_used"] = rows.per_unit(base.fb_used)
+        cols["fb_free"] = rows.per_unit(FB_TOTAL_MIB - base.fb_used)
         return GpuChunk(
-            flat,
+            cols,
             xid_ts.astype(np.int64),
             xid_n.astype(np.int64),
             xid_g.astype(np.int64),
@@ -357,8 +355,8 @@ class GpuGenerator:
             inc[name].add(rows // (n * g), (rows // g) % n, rows % g, us)
         return reasons, sm_clock
 
-    def _counters(self, steps, inc, repairs, power, up, xid_sets) -> dict[str, np.ndarray]:
-        """Cumulative counters and stateful gauges, with the resets a repair brings."""
+    def _counters(self, rows, inc, repairs, power, up, xid_sets) -> dict[str, np.ndarray]:
+        """Cumulative counters and stateful gauges (kept-rows columns), with the resets a repair brings."""
         c = self._carry
         resets = [(s, f.node) for s, f in repairs]
         for s, f in repairs:  # a memory failure shows after the repair, in the lifetime counters
@@ -366,24 +364,24 @@ class GpuGenerator:
                 inc["ecc_dbe"].add(np.array([s]), f.node, f.gpu or 0, 1)
         out = {}
         sbe_inc, dbe_inc = inc["ecc_sbe"], inc["ecc_dbe"]
-        out["ecc_sbe_vol_total"] = cumulative(c["vol_sbe"], steps, sbe_inc, resets)
-        out["ecc_dbe_vol_total"] = cumulative(c["vol_dbe"], steps, dbe_inc, resets)
-        out["ecc_sbe_agg_total"] = cumulative(c["ecc_sbe"], steps, sbe_inc)
-        out["ecc_dbe_agg_total"] = cumulative(c["ecc_dbe"], steps, dbe_inc)
+        out["ecc_sbe_vol_total"] = cumulative(c["vol_sbe"], rows, sbe_inc, resets)
+        out["ecc_dbe_vol_total"] = cumulative(c["vol_dbe"], rows, dbe_inc, resets)
+        out["ecc_sbe_agg_total"] = cumulative(c["ecc_sbe"], rows, sbe_inc)
+        out["ecc_dbe_agg_total"] = cumulative(c["ecc_dbe"], rows, dbe_inc)
         for name in _COUNTERS[2:]:  # remapped rows are lifetime (InfoROM); the others restart
-            out[name] = cumulative(c[name], steps, inc[name], [] if "remapped" in name else resets)
+            out[name] = cumulative(c[name], rows, inc[name], [] if "remapped" in name else resets)
         energy = power * self.interval_ms  # mJ per step
         if up is not None:
             energy *= up[:, :, None]
         cumsum_steps(energy)
         energy += self._energy[None]
         self._energy[:] = energy[-1]
-        out["total_energy_consumption"] = energy.astype(np.int64)
+        out["total_energy_consumption"] = rows.select(energy, np.int64)
         pending = self._pending_sets + [(s, f.node, None, 0) for s, f in repairs]
         self._pending_sets = []
-        out["row_remap_pending"] = stateful_gauge(self._remap_pending, steps, pending)
-        out["row_remap_failure"] = np.zeros((steps, self.nodes, self.gpus), dtype=np.int64)
+        out["row_remap_pending"] = stateful_gauge(self._remap_pending, rows, pending)
+        out["row_remap_failure"] = np.zeros(rows.size, dtype=np.int64)
         out["xid_errors"] = stateful_gauge(
-            self._last_xid, steps, xid_sets + [(s, f.node, None, 0) for s, f in repairs]
+            self._last_xid, rows, xid_sets + [(s, f.node, None, 0) for s, f in repairs]
         )
         return out

@@ -78,12 +78,12 @@ class LinkGenerator:
         self,
         rng: np.random.Generator,
         ts: np.ndarray,
-        reported: np.ndarray | None,
+        rows: KeptRows,
         episodes: list[Episode],
         repairs: list[tuple[int, Failure]],
     ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Flat counter columns and port states (index into :data:`LINK_STATES`) in (step, node, port)
-        order; rows where ``reported`` is False left out."""
+        """Counter columns and port states (index into :data:`LINK_STATES`) of the kept ``rows``, in
+        (step, node, port) order."""
         steps = ts.size
         state = np.zeros((steps, self.nodes, self.ports), dtype=np.int32)
         inc = {name: Increments() for name in LINK_COUNTERS}
@@ -106,9 +106,5 @@ class LinkGenerator:
                 inc["link_downed"].add(flaps, ep.node, port, 1)
                 state[flaps, ep.node, port] = LINK_STATES.index("DOWN")
         resets = [(s, f.node) for s, f in repairs]
-        rows = KeptRows(reported, self.ports)
-        counters = {
-            name: rows.select(cumulative(self._carry[name], steps, inc[name], resets), np.int64)
-            for name in LINK_COUNTERS
-        }
+        counters = {name: cumulative(self._carry[name], rows, inc[name], resets) for name in LINK_COUNTERS}
         return counters, rows.select(state, np.int32)
