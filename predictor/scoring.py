@@ -47,6 +47,7 @@ class RiskBoard:
         self.history = history
         self._latest: dict[str, RiskScore] = {}
         self._past: dict[str, deque[tuple[int, float, bool]]] = {}
+        self._ranked: tuple[RiskScore, ...] | None = None  # latest() until the next change
         self._lock = threading.Lock()
 
     def record(self, scores: Iterable[RiskScore]) -> None:
@@ -58,6 +59,7 @@ class RiskBoard:
                     continue
                 past.append((s.ts, s.probability, s.alert))
                 self._latest[s.node] = s
+            self._ranked = None
 
     def forget(self, nodes: Iterable[str]) -> None:
         """Drop nodes this process no longer owns (their partition moved to another process)."""
@@ -65,13 +67,15 @@ class RiskBoard:
             for n in nodes:
                 self._latest.pop(n, None)
                 self._past.pop(n, None)
+            self._ranked = None
 
-    def latest(self) -> list[RiskScore]:
-        """Every node's latest score, highest probability first."""
+    def latest(self) -> tuple[RiskScore, ...]:
+        """Every node's latest score, highest probability first (ranked once per change: the
+        API lists it on every request, scores change once per period)."""
         with self._lock:
-            out = list(self._latest.values())
-        out.sort(key=lambda s: (-s.probability, s.node))
-        return out
+            if self._ranked is None:
+                self._ranked = tuple(sorted(self._latest.values(), key=lambda s: (-s.probability, s.node)))
+            return self._ranked
 
     def node(self, node: str) -> tuple[RiskScore, list[tuple[int, float, bool]]] | None:
         """A node's latest score and its history (oldest first), or None if it is not scored here."""
@@ -102,3 +106,4 @@ class RiskBoard:
                 self._latest[node] = msgspec.json.decode(latest, type=RiskScore)
                 self._past[node] = deque(((int(t), float(p), bool(a)) for t, p, a in past),
                                          maxlen=self.history)
+            self._ranked = None
