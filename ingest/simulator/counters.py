@@ -111,32 +111,45 @@ def cumulative(
     is updated in place to the value after the chunk (kept or not: a node runs on unseen).
     """
     steps, units = rows.steps, rows.units
-    # most counters of most units never moved: zeroed pages cost nothing until read
-    out = rows.per_unit(carry) if carry.any() else np.zeros(rows.size, dtype=np.int64)
-    last = carry.copy()
-    col_node = col_unit = delta = None
     arrays = inc.arrays()
-    if arrays is not None:
+    full = col_node = col_unit = delta = None
+    if arrays is not None and arrays[0].size * 8 > carry.size:  # most units moved: one dense block
         step, node, unit, amount = arrays
-        cols, which = np.unique(node * units + unit, return_inverse=True)
-        delta = np.zeros((steps, cols.size), dtype=np.int64)
-        np.add.at(delta, (step, which), amount)
-        cumsum_steps(delta)
-        col_node, col_unit = np.divmod(cols, units)
-        where = rows.position()[:, col_node]
-        kept = where >= 0
-        out[(where + col_unit)[kept]] += delta[kept]
-        last.reshape(-1)[cols] += delta[-1]
+        full = np.zeros((steps, carry.size), dtype=np.int64)
+        np.add.at(full, (step, node * units + unit), amount)
+        cumsum_steps(full)
+        full += carry.reshape(1, -1)
+        out = rows.select(full, np.int64)
+        full = full.reshape(steps, *carry.shape)
+        last = full[-1].copy()
+    else:  # a few units moved: the carried value, plus the moved (step, unit) columns
+        # most counters of most units never moved: zeroed pages cost nothing until read
+        out = rows.per_unit(carry) if carry.any() else np.zeros(rows.size, dtype=np.int64)
+        last = carry.copy()
+        if arrays is not None:
+            step, node, unit, amount = arrays
+            cols, which = np.unique(node * units + unit, return_inverse=True)
+            delta = np.zeros((steps, cols.size), dtype=np.int64)
+            np.add.at(delta, (step, which), amount)
+            cumsum_steps(delta)
+            col_node, col_unit = np.divmod(cols, units)
+            where = rows.position()[:, col_node]
+            kept = where >= 0
+            out[(where + col_unit)[kept]] += delta[kept]
+            last.reshape(-1)[cols] += delta[-1]
     restarts: dict[int, list[int]] = {}
     for step, node in sorted(resets):
         if step < steps:
             restarts.setdefault(node, []).append(step)
     for node, at in restarts.items():  # the node's own (steps, units) values, then its kept rows
-        values = np.empty((steps, units), dtype=np.int64)
-        values[:] = carry[node]
-        if delta is not None:
-            mine = col_node == node
-            values[:, col_unit[mine]] += delta[:, mine]
+        if full is not None:
+            values = full[:, node].copy()
+        else:
+            values = np.empty((steps, units), dtype=np.int64)
+            values[:] = carry[node]
+            if delta is not None:
+                mine = col_node == node
+                values[:, col_unit[mine]] += delta[:, mine]
         for step in at:
             values[step:] -= values[step - 1].copy() if step > 0 else carry[node]
         where = rows.position()[:, node]
