@@ -126,17 +126,17 @@ def cumulative(
         # most counters of most units never moved: zeroed pages cost nothing until read
         out = rows.per_unit(carry) if carry.any() else np.zeros(rows.size, dtype=np.int64)
         last = carry.copy()
-        if arrays is not None:
+        if arrays is not None:  # (columns, steps): integer sums along the contiguous axis are fast
             step, node, unit, amount = arrays
             cols, which = np.unique(node * units + unit, return_inverse=True)
-            delta = np.zeros((steps, cols.size), dtype=np.int64)
-            np.add.at(delta, (step, which), amount)
-            cumsum_steps(delta)
+            delta = np.zeros((cols.size, steps), dtype=np.int64)
+            np.add.at(delta, (which, step), amount)
+            np.cumsum(delta, axis=1, out=delta)
             col_node, col_unit = np.divmod(cols, units)
-            where = rows.position()[:, col_node]
+            where = rows.position().T[col_node]
             kept = where >= 0
-            out[(where + col_unit)[kept]] += delta[kept]
-            last.reshape(-1)[cols] += delta[-1]
+            out[(where + col_unit[:, None])[kept]] += delta[kept]
+            last.reshape(-1)[cols] += delta[:, -1]
     restarts: dict[int, list[int]] = {}
     for step, node in sorted(resets):
         if step < steps:
@@ -149,7 +149,7 @@ def cumulative(
             values[:] = carry[node]
             if delta is not None:
                 mine = col_node == node
-                values[:, col_unit[mine]] += delta[:, mine]
+                values[:, col_unit[mine]] += delta[mine].T
         for step in at:
             values[step:] -= values[step - 1].copy() if step > 0 else carry[node]
         where = rows.position()[:, node]
@@ -171,8 +171,9 @@ def cumsum_steps(values: np.ndarray) -> np.ndarray:
     """
     if values[0].size < 64:  # a few columns: one numpy call beats a Python loop over the steps
         return np.cumsum(values, axis=0, out=values)
-    for k in range(1, values.shape[0]):
-        np.add(values[k], values[k - 1], out=values[k])
+    rows = list(values)
+    for previous, row in zip(rows[:-1], rows[1:], strict=True):
+        np.add(row, previous, out=row)
     return values
 
 

@@ -91,6 +91,7 @@ class Simulator:
             profile, nodes, start_ms, self.end_ms, seed, self.rate_multiplier
         )
         self.node_names = tuple(f"node{i:0{max(4, len(str(nodes - 1)))}d}" for i in range(nodes))
+        self._node_dictionary = pa.array(self.node_names)
 
     @property
     def gpu_samples(self) -> int:
@@ -162,24 +163,26 @@ class Simulator:
         xid_table = self._xid_table(gpu, self.schedule.failures_between(lo, hi))
         return Chunk(index, int(ts[0]), int(ts[-1]), gpu_table, xid_table, link_table)
 
-    def _dictionary(self, index: np.ndarray, values: tuple[str, ...]) -> pa.DictionaryArray:
-        return pa.DictionaryArray.from_arrays(pa.array(index.astype(np.int32, copy=False)), pa.array(values))
+    def _dictionary(self, index: np.ndarray, values: tuple[str, ...] | pa.Array) -> pa.DictionaryArray:
+        """Indices into ``values``; every index is in range by construction, so arrow need not check."""
+        return pa.DictionaryArray.from_arrays(
+            pa.array(index.astype(np.int32, copy=False)), pa.array(values), safe=False
+        )
 
     def _keys(self, ts: np.ndarray, rows: KeptRows) -> tuple[pa.Array, pa.Array, np.ndarray]:
         """node and ts columns of the kept rows in (step, node, unit) order, plus each row's unit index."""
+        node = rows.per_unit(np.arange(self.nodes, dtype=np.int32)[:, None])
         return (
-            self._dictionary(rows.per_unit(np.arange(self.nodes, dtype=np.int32)[:, None]), self.node_names),
+            self._dictionary(node, self._node_dictionary),
             pa.array(rows.per_step(ts)),
-            rows.per_unit(np.arange(rows.units, dtype=np.int32)),
+            rows.per_unit(np.arange(rows.units, dtype=np.int64)),
         )
 
     def _gpu_table(self, ts: np.ndarray, cols: dict[str, np.ndarray], rows: KeptRows) -> pa.Table:
         node, ts_col, gpu = self._keys(ts, rows)
-        arrays = [node, ts_col, pa.array(gpu.astype(np.int64))]
-        for field in GPU_FIELDS:
-            arrays.append(
-                pa.nulls(gpu.size, pa.float64()) if field in _NOT_REPORTED else pa.array(cols[field])
-            )
+        nulls = pa.nulls(gpu.size, pa.float64())
+        arrays = [node, ts_col, pa.array(gpu)]
+        arrays += [nulls if field in _NOT_REPORTED else pa.array(cols[field]) for field in GPU_FIELDS]
         return pa.Table.from_arrays(arrays, names=["node", "ts", "gpu", *GPU_FIELDS])
 
     def _link_table(
