@@ -14,31 +14,32 @@ __all__ = ["Increments", "cumulative", "cumsum_steps", "stateful_gauge", "poisso
 
 
 class Increments:
-    """Sparse increments of one counter in one chunk: (step, node, unit, amount) quadruples."""
+    """Sparse increments of one counter in one chunk: (step, node, unit, amount) quadruples.
+
+    ``node``, ``unit`` and ``amount`` are arrays like ``step`` or one value for all of them.
+    """
 
     def __init__(self) -> None:
-        self._parts: list[tuple[np.ndarray, ...]] = []
+        self._parts: list[tuple[np.ndarray, np.ndarray | int, np.ndarray | int, np.ndarray | int]] = []
 
     def add(
         self, step: np.ndarray, node: np.ndarray | int, unit: np.ndarray | int, amount: np.ndarray | int
     ) -> None:
         step = np.asarray(step, dtype=np.int64)
-        if step.size == 0:
-            return
-        shape = step.shape
-        self._parts.append(
-            (
-                step,
-                np.broadcast_to(np.asarray(node, dtype=np.int64), shape),
-                np.broadcast_to(np.asarray(unit, dtype=np.int64), shape),
-                np.broadcast_to(np.asarray(amount, dtype=np.int64), shape),
-            )
-        )
+        if step.size:
+            self._parts.append((step, node, unit, amount))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
         if not self._parts:
             return None
-        return tuple(np.concatenate([p[i] for p in self._parts]) for i in range(4))  # type: ignore[return-value]
+
+        def column(i: int) -> np.ndarray:
+            return np.concatenate(
+                [np.full(p[0].shape, p[i], np.int64) if np.ndim(p[i]) == 0 else p[i] for p in self._parts],
+                dtype=np.int64,
+            )
+
+        return column(0), column(1), column(2), column(3)
 
 
 class KeptRows:
@@ -71,7 +72,9 @@ class KeptRows:
 
     def per_unit(self, values: np.ndarray) -> np.ndarray:
         """A new column holding ``values[node, unit]`` (``(nodes, units)``) at every kept step."""
-        values = np.ascontiguousarray(np.broadcast_to(values, (self.nodes, self.units))).reshape(-1)
+        if values.shape != (self.nodes, self.units):
+            values = np.broadcast_to(values, (self.nodes, self.units))
+        values = np.ascontiguousarray(values).reshape(-1)
         if self.mask is None:
             out = np.empty((self.steps, values.size), dtype=values.dtype)
             out[:] = values
