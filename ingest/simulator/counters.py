@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Increments", "cumulative", "cumsum_steps", "stateful_gauge", "poisson_scatter", "KeptRows"]
+__all__ = ["Increments", "cumulative", "cumsum_steps", "stateful_gauge", "Background", "KeptRows"]
 
 
 class Increments:
@@ -201,20 +201,26 @@ def stateful_gauge(
     return out
 
 
-def poisson_scatter(
-    rng: np.random.Generator, rate: np.ndarray, steps: int, inc: Increments, burst_mean: float = 1.0
-) -> None:
-    """Background events: each unit fires at ``rate`` (nodes, units) per step, in bursts of mean size.
+class Background:
+    """Background events of one counter: each unit fires at ``rate`` ((nodes, units), per step, the
+    same all run) in bursts of mean size ``burst_mean``. The run's total rate and unit CDF are
+    computed once, not once per chunk."""
 
-    One Poisson draw for the whole chunk, then each event picks its unit in proportion to the
-    rates and its step uniformly: cost grows with the number of events, not of samples.
-    """
-    total = float(rate.sum()) * steps
-    n = int(rng.poisson(total)) if total > 0 else 0
-    if n == 0:
-        return
-    cdf = np.cumsum(rate.ravel())
-    flat = np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), cdf.size - 1)
-    units = rate.shape[1]
-    amount = rng.geometric(1.0 / burst_mean, n) if burst_mean > 1 else np.ones(n, dtype=np.int64)
-    inc.add(rng.integers(0, steps, n), flat // units, flat % units, amount)
+    def __init__(self, rate: np.ndarray, burst_mean: float = 1.0):
+        self.per_step = float(rate.sum())
+        self.cdf = np.cumsum(rate.ravel())
+        self.units = rate.shape[1]
+        self.burst_mean = burst_mean
+
+    def scatter(self, rng: np.random.Generator, steps: int, inc: Increments) -> None:
+        """Add one chunk's events to ``inc``: one Poisson draw for the whole chunk, then each event
+        picks its unit in proportion to the rates and its step uniformly (cost grows with the
+        number of events, not of samples)."""
+        total = self.per_step * steps
+        n = int(rng.poisson(total)) if total > 0 else 0
+        if n == 0:
+            return
+        cdf, units = self.cdf, self.units
+        flat = np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), cdf.size - 1)
+        amount = rng.geometric(1.0 / self.burst_mean, n) if self.burst_mean > 1 else 1
+        inc.add(rng.integers(0, steps, n), flat // units, flat % units, amount)

@@ -21,11 +21,11 @@ from typing import Final
 import numpy as np
 
 from ingest.simulator.counters import (
+    Background,
     Increments,
     KeptRows,
     cumsum_steps,
     cumulative,
-    poisson_scatter,
     stateful_gauge,
 )
 from ingest.simulator.profile import Profile
@@ -167,6 +167,11 @@ class GpuGenerator:
         self._remap_pending = np.zeros(shape, dtype=np.int64)
         self._last_xid = np.zeros(shape, dtype=np.int64)
         self._pending_sets: list[tuple[int, int, int | None, int]] = []
+        self._background = {
+            "ecc_sbe": Background(baseline.sbe_rate_h * self.hours, burst_mean=3.0),
+            "pcie_replay_counter": Background(baseline.pcie_rate_h * self.hours),
+            "nvlink_crc_flit_error_count_total": Background(baseline.nvlink_rate_h * self.hours),
+        }
 
     def generate(
         self,
@@ -210,9 +215,8 @@ class GpuGenerator:
         xids: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         gauge_sets: list[tuple[int, int, int | None, int]] = []
         brake: list[tuple[int, int, int]] = []
-        poisson_scatter(rng, base.sbe_rate_h * self.hours, steps, inc["ecc_sbe"], burst_mean=3.0)
-        poisson_scatter(rng, base.pcie_rate_h * self.hours, steps, inc["pcie_replay_counter"])
-        poisson_scatter(rng, base.nvlink_rate_h * self.hours, steps, inc["nvlink_crc_flit_error_count_total"])
+        for name, background in self._background.items():
+            background.scatter(rng, steps, inc[name])
         for ep in episodes:
             x = ep.intensity(ts)
             active = np.flatnonzero(x > 0)

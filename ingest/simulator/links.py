@@ -15,7 +15,7 @@ from typing import Final
 import numpy as np
 
 from ingest.contract import LINK_COUNTERS
-from ingest.simulator.counters import Increments, KeptRows, cumulative, poisson_scatter
+from ingest.simulator.counters import Background, Increments, KeptRows, cumulative
 from ingest.simulator.schedule import Episode, Failure
 
 __all__ = ["LinkBaseline", "LinkGenerator", "link_port_names", "LINK_STATES"]
@@ -71,8 +71,13 @@ class LinkGenerator:
         self.nodes = nodes
         self.ports = ports
         self.hours = interval_ms / 3_600_000
-        self.base = baseline
         self._carry = {name: np.zeros((nodes, ports), dtype=np.int64) for name in LINK_COUNTERS}
+        self._background = {
+            "symbol_error": Background(baseline.symbol_rate_h * self.hours, burst_mean=4.0),
+            "port_xmit_discards": Background(baseline.discard_rate_h * self.hours, burst_mean=20.0),
+        }
+        for name, per_hour in _BACKGROUND_PER_HOUR.items():
+            self._background[name] = Background(np.full((nodes, ports), per_hour * self.hours))
 
     def generate(
         self,
@@ -87,12 +92,8 @@ class LinkGenerator:
         steps = ts.size
         state = np.zeros((steps, self.nodes, self.ports), dtype=np.int32)
         inc = {name: Increments() for name in LINK_COUNTERS}
-        poisson_scatter(rng, self.base.symbol_rate_h * self.hours, steps, inc["symbol_error"], burst_mean=4.0)
-        poisson_scatter(
-            rng, self.base.discard_rate_h * self.hours, steps, inc["port_xmit_discards"], burst_mean=20.0
-        )
-        for name, per_hour in _BACKGROUND_PER_HOUR.items():
-            poisson_scatter(rng, np.full((self.nodes, self.ports), per_hour * self.hours), steps, inc[name])
+        for name, background in self._background.items():
+            background.scatter(rng, steps, inc[name])
         for ep in episodes:
             if ep.kind != "ib_link":
                 continue
