@@ -1,9 +1,12 @@
 """Vectorised building blocks for one time chunk: cumulative counters and stateful gauges.
 
 A chunk is laid out as ``(steps, nodes, units)`` (units = GPUs or ports). Anything that happens
-between two samples is attached to a *step*: the first sample at or after it. A counter carries
-its value from chunk to chunk; increments are sparse (a few per chunk), so a counter costs one
-broadcast of its carried value plus work proportional to the (step, unit) columns that moved.
+between two samples is attached to a *step*: the first sample at or after it. Output columns hold
+only the kept rows (:class:`KeptRows`: nodes that were scraped), and are built in that layout
+where they can be. A counter carries its value from chunk to chunk; increments are sparse (a few
+per chunk), so a counter costs one copy of its carried value per kept row plus work proportional
+to the (step, unit) columns that moved. Every column equals "compute the full chunk, then keep the
+scraped rows" value for value: the shortcuts change the cost, never a bit of the output.
 """
 
 from __future__ import annotations
