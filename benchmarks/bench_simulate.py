@@ -100,9 +100,7 @@ def main() -> None:
     scale = 0.1 if args.quick else 1.0
     # hours per size so that each case generates 3-6 million GPU samples
     sizes = {64: 48.0 * scale, 512: 12.0 * scale, 2048: 3.0 * scale}
-    print(
-        f"simulator benchmark: llama3 x50, 30 s interval, one process per case{' [quick]' * args.quick}"
-    )
+    print(f"simulator benchmark: llama3 x50, 30 s interval, one process per case{' [quick]' * args.quick}")
     print(
         "rates in GPU-samples/s: wall clock (CPU time of the process); baseline = one float64 normal draw per"
     )
@@ -128,9 +126,10 @@ def main() -> None:
         f"{long['hours'] / 24:g} day(s) {long['peak_rss_mib']:.0f} MiB "
         f"(ratio {long['peak_rss_mib'] / short['peak_rss_mib']:.2f}: bounded if about 1)"
     )
-    best = max(g["per_cpu_s"] for g in gen_by_size.values())
+    worst = min(gen_by_size.values(), key=lambda g: g["per_cpu_s"])
     print(
-        f"target >= {TARGET_SAMPLES_PER_S:,} GPU-samples/s per core: best {best:,.0f} per CPU-second"
+        f"target >= {TARGET_SAMPLES_PER_S:,} GPU-samples/s per core at every size: lowest "
+        f"{worst['per_cpu_s']:,.0f} per CPU-second ({worst['nodes']} nodes)"
     )
 
 
