@@ -29,7 +29,7 @@ from ingest.simulator.counters import (
     stateful_gauge,
 )
 from ingest.simulator.profile import Profile
-from ingest.simulator.schedule import Episode, Failure
+from ingest.simulator.schedule import Episode, Failure, intensities
 
 __all__ = ["GpuBaseline", "GpuChunk", "GpuGenerator", "XID_MESSAGES", "pci_bus_ids"]
 
@@ -217,8 +217,7 @@ class GpuGenerator:
         brake: list[tuple[int, int, int]] = []
         for name, background in self._background.items():
             background.scatter(rng, steps, inc[name])
-        for ep in episodes:
-            x = ep.intensity(ts)
+        for ep, x in zip(episodes, intensities(episodes, ts), strict=True):
             active = np.flatnonzero(x > 0)
             if active.size == 0:
                 continue

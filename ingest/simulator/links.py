@@ -16,7 +16,7 @@ import numpy as np
 
 from ingest.contract import LINK_COUNTERS
 from ingest.simulator.counters import Background, Increments, KeptRows, cumulative
-from ingest.simulator.schedule import Episode, Failure
+from ingest.simulator.schedule import Episode, Failure, intensities
 
 __all__ = ["LinkBaseline", "LinkGenerator", "link_port_names", "LINK_STATES"]
 
@@ -94,10 +94,8 @@ class LinkGenerator:
         inc = {name: Increments() for name in LINK_COUNTERS}
         for name, background in self._background.items():
             background.scatter(rng, steps, inc[name])
-        for ep in episodes:
-            if ep.kind != "ib_link":
-                continue
-            x = ep.intensity(ts)
+        links = [ep for ep in episodes if ep.kind == "ib_link"]
+        for ep, x in zip(links, intensities(links, ts), strict=True):
             active = np.flatnonzero(x > 0)
             lam = x[active] * self.hours
             for port in range(self.ports) if ep.gpu is None else (ep.gpu % self.ports,):

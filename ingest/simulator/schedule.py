@@ -20,7 +20,7 @@ import numpy as np
 
 from ingest.simulator.profile import Profile
 
-__all__ = ["Failure", "Episode", "Schedule", "draw_schedule", "MS_PER_DAY"]
+__all__ = ["Failure", "Episode", "Schedule", "draw_schedule", "intensities", "MS_PER_DAY"]
 
 MS_PER_DAY: Final = 86_400_000
 _MS_PER_MINUTE: Final = 60_000
@@ -47,12 +47,27 @@ class Episode:
 
     def intensity(self, ts: np.ndarray) -> np.ndarray:
         """Intensity at each timestamp: a convex rise (slow, then fast) and a linear fade."""
-        t = ts.astype(np.float64)
-        rise = np.clip((t - self.start_ms) / max(self.peak_ms - self.start_ms, 1), 0.0, 1.0) ** 2
-        fade = np.clip((self.end_ms - t) / max(self.end_ms - self.peak_ms, 1), 0.0, 1.0)
-        x = np.where(t < self.peak_ms, rise, fade) * self.strength
-        x[(t < self.start_ms) | (t >= self.end_ms)] = 0.0
-        return x
+        return intensities([self], ts)[0]
+
+
+def intensities(episodes: list[Episode], ts: np.ndarray) -> np.ndarray:
+    """``(len(episodes), ts.size)``: every episode's :meth:`Episode.intensity` in one vectorised pass.
+
+    A chunk overlaps many episodes; one pass over all of them costs about what one episode did.
+    """
+
+    def column(values: list) -> np.ndarray:
+        return np.array(values, dtype=np.float64).reshape(-1, 1)
+
+    t = ts.astype(np.float64)
+    start = column([e.start_ms for e in episodes])
+    peak = column([e.peak_ms for e in episodes])
+    end = column([e.end_ms for e in episodes])
+    rise = np.clip((t - start) / column([max(e.peak_ms - e.start_ms, 1) for e in episodes]), 0.0, 1.0) ** 2
+    fade = np.clip((end - t) / column([max(e.end_ms - e.peak_ms, 1) for e in episodes]), 0.0, 1.0)
+    x = np.where(t < peak, rise, fade) * column([e.strength for e in episodes])
+    x[(t < start) | (t >= end)] = 0.0
+    return x
 
 
 @dataclass(frozen=True, slots=True)
