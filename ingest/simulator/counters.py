@@ -118,11 +118,13 @@ def cumulative(
     """
     steps, units = rows.steps, rows.units
     arrays = inc.arrays()
-    full = col_node = col_unit = delta = None
-    if arrays is not None and arrays[0].size * 8 > carry.size:  # most units moved: one dense block
+    full = cols = col_node = col_unit = delta = None
+    if arrays is not None:
         step, node, unit, amount = arrays
+        cols, which = np.unique(node * units + unit, return_inverse=True)
+    if cols is not None and cols.size * 4 > carry.size:  # many units moved: one dense block
         full = np.zeros((steps, carry.size), dtype=np.int64)
-        np.add.at(full, (step, node * units + unit), amount)
+        np.add.at(full, (step, cols[which]), amount)
         cumsum_steps(full)
         full += carry.reshape(1, -1)
         out = rows.select(full, np.int64)
@@ -132,9 +134,7 @@ def cumulative(
         # most counters of most units never moved: zeroed pages cost nothing until read
         out = rows.per_unit(carry) if carry.any() else np.zeros(rows.size, dtype=np.int64)
         last = carry.copy()
-        if arrays is not None:  # (columns, steps): integer sums along the contiguous axis are fast
-            step, node, unit, amount = arrays
-            cols, which = np.unique(node * units + unit, return_inverse=True)
+        if cols is not None:  # (columns, steps): integer sums along the contiguous axis are fast
             delta = np.zeros((cols.size, steps), dtype=np.int64)
             np.add.at(delta, (which, step), amount)
             np.cumsum(delta, axis=1, out=delta)
