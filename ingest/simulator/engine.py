@@ -154,12 +154,15 @@ class Simulator:
         up_or_none = None if up.all() else up
         reported_or_none = None if reported.all() else reported
         episodes = self.schedule.episodes_between(lo - self.interval_ms, hi)
-        gpu_rows = KeptRows(reported_or_none, ts.size, self.nodes, self.gpus)
-        link_rows = KeptRows(reported_or_none, ts.size, self.nodes, self.ports)
+        gpu_rows = link_rows = KeptRows(reported_or_none, ts.size, self.nodes, self.gpus)
+        if self.ports != self.gpus:  # else one port per GPU: the same rows, so the same key columns
+            link_rows = KeptRows(reported_or_none, ts.size, self.nodes, self.ports)
         gpu = gpu_gen.generate(rng, ts, up_or_none, gpu_rows, episodes, repairs)
         link_cols, link_state = link_gen.generate(rng, ts, link_rows, episodes, repairs)
-        gpu_table = self._gpu_table(ts, gpu.columns, gpu_rows)
-        link_table = self._link_table(ts, link_cols, link_state, link_rows)
+        gpu_keys = self._keys(ts, gpu_rows)
+        link_keys = gpu_keys if link_rows is gpu_rows else self._keys(ts, link_rows)
+        gpu_table = self._gpu_table(gpu_keys, gpu.columns)
+        link_table = self._link_table(link_keys, link_cols, link_state)
         xid_table = self._xid_table(gpu, self.schedule.failures_between(lo, hi))
         return Chunk(index, int(ts[0]), int(ts[-1]), gpu_table, xid_table, link_table)
 
@@ -178,17 +181,19 @@ class Simulator:
             rows.per_unit(np.arange(rows.units, dtype=np.int64)),
         )
 
-    def _gpu_table(self, ts: np.ndarray, cols: dict[str, np.ndarray], rows: KeptRows) -> pa.Table:
-        node, ts_col, gpu = self._keys(ts, rows)
+    def _gpu_table(
+        self, keys: tuple[pa.Array, pa.Array, np.ndarray], cols: dict[str, np.ndarray]
+    ) -> pa.Table:
+        node, ts_col, gpu = keys
         nulls = pa.nulls(gpu.size, pa.float64())
         arrays = [node, ts_col, pa.array(gpu)]
         arrays += [nulls if field in _NOT_REPORTED else pa.array(cols[field]) for field in GPU_FIELDS]
         return pa.Table.from_arrays(arrays, names=["node", "ts", "gpu", *GPU_FIELDS])
 
     def _link_table(
-        self, ts: np.ndarray, cols: dict[str, np.ndarray], state: np.ndarray, rows: KeptRows
+        self, keys: tuple[pa.Array, pa.Array, np.ndarray], cols: dict[str, np.ndarray], state: np.ndarray
     ) -> pa.Table:
-        node, ts_col, port = self._keys(ts, rows)
+        node, ts_col, port = keys
         arrays = [
             node,
             ts_col,
