@@ -123,6 +123,14 @@ def _increases(vals: np.ndarray, runs: _Runs, carry: np.ndarray) -> np.ndarray:
         runs.group_start,
         runs.end,
     )
+    present = ~np.isnan(vals).all(axis=1)
+    if not present.all():  # counters no row reports (the GPU lacks them): no increase, carry kept
+        out = np.zeros((c, n))
+        if present.any():
+            sub = carry[:, :, present]  # a copy (boolean index): written back below
+            out[present] = _increases(vals[present], runs, sub)
+            carry[:, :, present] = sub
+        return out
     v = vals[:, order]
     rows = np.arange(n)
     valid = ~np.isnan(v)

@@ -61,6 +61,8 @@ class OnlineFeatureEngine:
         self._frontier: int | None = None
         self._watermark = -1
         self._pending: dict[str, list[dict[str, np.ndarray]]] = {k: [] for k in KINDS}
+        # (key, table, carry after it) of the open buckets before the newest: see _open_table
+        self._settled: tuple[Any, BucketTable, Carry] | None = None
         stats = feature_set.stats
         hist = -(-history_ms // feature_set.bucket_ms)
         lengths = {s: w + hist for s, w in feature_set.stat_windows().items()}
@@ -120,24 +122,61 @@ class OnlineFeatureEngine:
 
     def _take_pending(self, before: int, remove: bool) -> dict[str, dict[str, np.ndarray] | None]:
         """Pending columns with bucket < ``before``, per kind (removed from the buffer if ``remove``)."""
+        return self._pending_between(None, before, remove)
+
+    def _pending_between(
+        self, since: int | None, before: int, remove: bool = False
+    ) -> dict[str, dict[str, np.ndarray] | None]:
+        """Pending columns with ``since <= bucket < before`` (no lower bound for None). Chunk by
+        chunk, so a read copies only the rows it selects, never the whole buffer."""
         out: dict[str, dict[str, np.ndarray] | None] = {}
         b = self.feature_set.bucket_ms
         for kind in KINDS:
             chunks = self._pending[kind]
-            if not chunks:
-                out[kind] = None
-                continue
-            cols = (
-                {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
-                if len(chunks) > 1
-                else chunks[0]
-            )
-            due = cols["ts"] // b < before
-            out[kind] = {k: v[due] for k, v in cols.items()} if due.any() else None
+            picked, rest = [], []
+            for c in chunks:
+                bucket = c["ts"] // b
+                due = bucket < before if since is None else (bucket >= since) & (bucket < before)
+                if due.all():
+                    picked.append(c)
+                elif due.any():
+                    picked.append({k: v[due] for k, v in c.items()})
+                    if remove:
+                        rest.append({k: v[~due] for k, v in c.items()})
+                elif remove:
+                    rest.append(c)
+            out[kind] = {k: np.concatenate([c[k] for c in picked]) for k in picked[0]} if picked else None
             if remove:
-                rest = {k: v[~due] for k, v in cols.items()}
-                self._pending[kind] = [rest] if len(rest["ts"]) else []
+                self._pending[kind] = rest
         return out
+
+    def _open_table(self, end: int) -> BucketTable:
+        """Statistics of the buckets still open before ``end`` (the frontier's bucket up to the
+        newest), without finalising them.
+
+        Every read needs them; at high rates they hold most records (a tolerance's worth).
+        Buckets before the newest one seen receive no more records unless late ones come, so
+        their table and the counter carry after them are kept and reused until the frontier
+        moves or a record joins them; only the newest bucket is bucketed again at each read.
+        """
+        fs = self.feature_set
+        split = max(self._frontier, min(end, self._watermark // fs.bucket_ms))
+        held = tuple(sum(int((c["ts"] // fs.bucket_ms < split).sum()) for c in self._pending[kind])
+                     for kind in KINDS)
+        key = (self._frontier, split, held)
+        if self._settled is None or self._settled[0] != key:
+            carry = copy.deepcopy(self._carry)
+            head = self._pending_between(None, split)
+            self._settled = (key, bucketize(fs, head["gpu"], head["xid"], head["link"], carry), carry)
+        _, settled, carry = self._settled
+        if split >= end:
+            return settled
+        tail = self._pending_between(split, end)
+        newest = bucketize(fs, tail["gpu"], tail["xid"], tail["link"], copy.deepcopy(carry))
+        node = np.concatenate([settled.node, newest.node])
+        bucket = np.concatenate([settled.bucket, newest.bucket])
+        order = np.lexsort((bucket, node))
+        return BucketTable(node[order], bucket[order], np.concatenate([settled.values, newest.values])[order])
 
     def _advance(self, target: int) -> None:
         """Finalise every bucket before ``target``."""
@@ -207,20 +246,28 @@ class OnlineFeatureEngine:
         return win
 
     def features_at(
-        self, ts: int, nodes: list[str] | None = None, peer_groups: Mapping[str, str] | None = None
+        self,
+        ts: int,
+        nodes: list[str] | None = None,
+        peer_groups: Mapping[str, str] | None = None,
+        peers: bool = True,
     ) -> pd.DataFrame:
         """Rows (``node``, ``ts``, features...) of live nodes at ``floor(ts / bucket) * bucket``.
 
         Peer features compare each node with every live node (of its group in ``peer_groups``,
-        e.g. node -> job); ``nodes`` then filters the rows.
+        e.g. node -> job); ``nodes`` then filters the rows. ``peers=False`` leaves them NaN, for
+        a caller that compares over more nodes than this engine holds (the risk service, one
+        engine per partition) and computes them itself.
         """
         fs = self.feature_set
         b = fs.bucket_ms
         end = int(ts) // b
         if self._frontier is None or not len(self._nodes):
             return pd.DataFrame(columns=["node", "ts", *fs.names])
-        due = self._take_pending(end, remove=False) if end > self._frontier else dict.fromkeys(KINDS)
-        open_table = bucketize(fs, due["gpu"], due["xid"], due["link"], copy.deepcopy(self._carry))
+        if end > self._frontier:
+            open_table = self._open_table(end)
+        else:
+            open_table = bucketize(fs, None, None, None, Carry())
         everyone = np.arange(len(self._nodes))
         live = (
             reduce_direct("sum", self._window(fs.records_stat, fs.live_ms // b, end, everyone, open_table))
@@ -246,7 +293,11 @@ class OnlineFeatureEngine:
         table = pd.DataFrame(values, columns=[f.name for f in fs.features])
         table.insert(0, "node", names[rows])
         table.insert(1, "ts", np.full(len(rows), end * b, dtype=np.int64))
-        table = add_peer_features(table, fs, peer_groups)[["node", "ts", *fs.names]]
+        if peers:
+            table = add_peer_features(table, fs, peer_groups)
+        else:
+            table = table.assign(**{p.name: np.nan for p in fs.peers})
+        table = table[["node", "ts", *fs.names]]
         if nodes is not None:
             table = table[table["node"].isin(set(nodes))].reset_index(drop=True)
         return table

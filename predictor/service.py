@@ -214,7 +214,7 @@ class RiskService:
                 if state.next_boundary == boundary:
                     state.close(boundary)
                     self._dirty.add(p)
-                    tick.append(state.engine.features_at(as_of))
+                    tick.append(state.engine.features_at(as_of, peers=False))  # finish() compares all
             frame = self.engines.finish(pd.concat(tick, ignore_index=True))
             frame["ts"] = boundary
             if len(frame):
@@ -343,7 +343,7 @@ class RiskService:
         if at is None:  # just after the tick that completes the last record's bucket
             tick = self.engines.tick_ms
             at = (max(r.ts for r in records) // tick + 1) * tick
-        return score_frame(model, self.engines.finish(engine.features_at(at)), self.config.top_k)
+        return score_frame(model, self.engines.finish(engine.features_at(at, peers=False)), self.config.top_k)
 
     def _model_or_raise(self) -> RiskModel:
         if self.model is None:

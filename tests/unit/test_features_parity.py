@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from features import DEFAULT_FEATURE_SET, Feature, FeatureSet, PeerFeature
 from features.batch import compute_features
 from features.default_set import XID_CLASSES
-from features.kernels import AGGREGATIONS
+from features.kernels import AGGREGATIONS, add_peer_features
 from features.online import OnlineFeatureEngine
 from features.spec import GPU_COUNTERS
 from ingest.contract import GpuSample, LinkSample, XidEvent
@@ -311,3 +311,20 @@ def test_peer_features_compare_within_the_group():
     assert (solo["peer_z__gpu_temp__max__3m"].dropna() == 0.0).all()
     assert len(nodes) > 2, "seed 2 has several nodes"
     assert not table["peer_z__gpu_temp__max__3m"].equals(cluster["peer_z__gpu_temp__max__3m"])
+
+
+def test_peer_columns_left_to_the_caller_are_the_only_difference():
+    fs = REGISTRY_SET
+    assert fs.peers, "the set must have peer features for this test to mean anything"
+    frames, arrival = make_stream(3, 60_000)
+    first = min(int(a.min()) for a in arrival.values())
+    last = max(int(a.max()) for a in arrival.values()) + 1
+    engine = OnlineFeatureEngine(fs, tolerance_ms=60_000)
+    feed(engine, frames, arrival, first, last, False)
+    t = (last // M) * M
+    full, bare = engine.features_at(t), engine.features_at(t, peers=False)
+    peers = [p.name for p in fs.peers]
+    assert len(full) and bare[peers].isna().all().all()
+    assert list(bare.columns) == list(full.columns)
+    pd.testing.assert_frame_equal(bare.drop(columns=peers), full.drop(columns=peers))
+    pd.testing.assert_frame_equal(add_peer_features(bare, fs), full)
