@@ -269,8 +269,9 @@ def _report(args, ingest: float, share: float, offered: dict, baseline: float, a
         per_boundary[t] = per_boundary.get(t, 0) + n
     e2e = [d for _, _, d in window]
     period_s = args.score_every
-    print(f"risk service (foreshock serve) on a busy shared 2-core machine: {args.nodes} nodes x {GPUS} GPUs,"
-          f" scoring every {period_s:g} s of event time, window {args.seconds:g} s")
+    print(f"risk service (foreshock serve), {psutil.cpu_count()} cores shared with the broker and the load: "
+          f"{args.nodes} nodes x {GPUS} GPUs, scoring every {period_s:g} s of event time, "
+          f"window {args.seconds:g} s")
     rate = offered["samples"] / offered["seconds"]
     print(f"ingest      {ingest:>10,.0f} GPU samples/s  (offered {rate:,.0f}/s)"
           f"   target >= 50,000: {'met' if ingest >= 50_000 else 'NOT met'}")

@@ -120,15 +120,12 @@ class OnlineFeatureEngine:
                 new[:, : ring.shape[1]] = ring
                 self._rings[r] = new
 
-    def _take_pending(self, before: int, remove: bool) -> dict[str, dict[str, np.ndarray] | None]:
-        """Pending columns with bucket < ``before``, per kind (removed from the buffer if ``remove``)."""
-        return self._pending_between(None, before, remove)
-
     def _pending_between(
         self, since: int | None, before: int, remove: bool = False
     ) -> dict[str, dict[str, np.ndarray] | None]:
-        """Pending columns with ``since <= bucket < before`` (no lower bound for None). Chunk by
-        chunk, so a read copies only the rows it selects, never the whole buffer."""
+        """Pending columns with ``since <= bucket < before`` (no lower bound for None), per kind;
+        removed from the buffer if ``remove``. Chunk by chunk, so a read copies only the rows it
+        selects, never the whole buffer."""
         out: dict[str, dict[str, np.ndarray] | None] = {}
         b = self.feature_set.bucket_ms
         for kind in KINDS:
@@ -185,7 +182,7 @@ class OnlineFeatureEngine:
             self._frontier = min(min(firsts) // self.feature_set.bucket_ms, target)
         if target <= self._frontier:
             return
-        due = self._take_pending(target, remove=True)
+        due = self._pending_between(None, target, remove=True)
         table = bucketize(self.feature_set, due["gpu"], due["xid"], due["link"], self._carry)
         for r, ring in self._rings.items():
             if target - self._frontier >= r:
