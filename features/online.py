@@ -7,10 +7,11 @@ nodes). Buckets behind the frontier are final: their records are bucketized (the
 the last ``max window + history`` buckets of each statistic, so memory per node is bounded. A
 record older than the frontier is *late*: it is counted (:attr:`late_records`) and dropped.
 
-``features_at(t)`` does not change state: it reads the rings, plus the still-open buckets
-bucketized on the side. When every record with ts < floor(t / bucket) * bucket has arrived
-(true once the watermark passes t + tolerance, for streams disordered by at most the
-tolerance), its row for a node equals the batch engine's row at that tick.
+``features_at(t)`` does not change state: it reads the rings, plus the statistics of the
+still-open buckets, which are kept on the side (:class:`~features.buckets.PartialBuckets`) and
+take in each update's records as they come. When every record with ts < floor(t / bucket) *
+bucket has arrived (true once the watermark passes t + tolerance, for streams disordered by at
+most the tolerance), its row for a node equals the batch engine's row at that tick.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from features.buckets import BucketTable, Carry, bucketize
+from features.buckets import BucketTable, Carry, PartialBuckets, bucketize
 from features.default_set import DEFAULT_FEATURE_SET
 from features.frames import KINDS, Codes, records_to_frames, to_columns
 from features.kernels import AGGREGATIONS, add_peer_features, empty_value, reduce_direct
@@ -33,6 +34,11 @@ from features.spec import FeatureSet, Stat
 __all__ = ["OnlineFeatureEngine"]
 
 _FORMAT: Final = "foreshock-online-features/1"
+
+
+def _joined(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
+    """Column chunks of one kind as one set of columns (None for no chunk)."""
+    return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]} if chunks else None
 
 
 class OnlineFeatureEngine:
@@ -61,8 +67,8 @@ class OnlineFeatureEngine:
         self._frontier: int | None = None
         self._watermark = -1
         self._pending: dict[str, list[dict[str, np.ndarray]]] = {k: [] for k in KINDS}
-        # (key, table, carry after it) of the open buckets before the newest: see _open_table
-        self._settled: tuple[Any, BucketTable, Carry] | None = None
+        # statistics of the open buckets, from the first read on: see _open_buckets
+        self._open: PartialBuckets | None = None
         stats = feature_set.stats
         hist = -(-history_ms // feature_set.bucket_ms)
         lengths = {s: w + hist for s, w in feature_set.stat_windows().items()}
@@ -93,14 +99,20 @@ class OnlineFeatureEngine:
 
     def update_frames(self, frames: Mapping[str, pd.DataFrame]) -> None:
         """Add one micro-batch of several kinds at once (order inside it does not matter)."""
-        for kind, frame in frames.items():
-            self._add(kind, frame)
+        added = {kind: self._add(kind, frame) for kind, frame in frames.items()}
+        if self._open is not None:
+            fresh = [added.get(kind) for kind in KINDS]
+            if self._open.follows(*fresh):
+                self._open.fold(*fresh)
+            else:  # folding them would be inexact: fold every pending record at the next read
+                self._open = None
         if self._watermark >= 0:
             self._advance((self._watermark - self.tolerance_ms) // self.feature_set.bucket_ms)
 
-    def _add(self, kind: str, frame: pd.DataFrame) -> None:
+    def _add(self, kind: str, frame: pd.DataFrame) -> dict[str, np.ndarray] | None:
+        """Buffer a frame's records that are not late; returns their columns (None if none)."""
         if not len(frame):
-            return
+            return None
         cols = to_columns(kind, frame, self.feature_set, self._nodes, self._ports)
         self._grow(len(self._nodes))
         if self._frontier is not None:
@@ -108,9 +120,11 @@ class OnlineFeatureEngine:
             if not fresh.all():
                 self.late_records += int((~fresh).sum())
                 cols = {k: v[fresh] for k, v in cols.items()}
-        if len(cols["ts"]):
-            self._pending[kind].append(cols)
-            self._watermark = max(self._watermark, int(cols["ts"].max()))
+        if not len(cols["ts"]):
+            return None
+        self._pending[kind].append(cols)
+        self._watermark = max(self._watermark, int(cols["ts"].max()))
+        return cols
 
     def _grow(self, n: int) -> None:
         for r, ring in self._rings.items():
@@ -120,60 +134,41 @@ class OnlineFeatureEngine:
                 new[:, : ring.shape[1]] = ring
                 self._rings[r] = new
 
-    def _pending_between(
-        self, since: int | None, before: int, remove: bool = False
-    ) -> dict[str, dict[str, np.ndarray] | None]:
-        """Pending columns with ``since <= bucket < before`` (no lower bound for None), per kind;
-        removed from the buffer if ``remove``. Chunk by chunk, so a read copies only the rows it
-        selects, never the whole buffer."""
+    def _take_pending(self, before: int) -> dict[str, dict[str, np.ndarray] | None]:
+        """Remove and return the pending columns of buckets before ``before``, per kind. Chunk by
+        chunk, so the rows that stay are copied only where a chunk straddles the cut."""
         out: dict[str, dict[str, np.ndarray] | None] = {}
-        b = self.feature_set.bucket_ms
         for kind in KINDS:
-            chunks = self._pending[kind]
             picked, rest = [], []
-            for c in chunks:
-                bucket = c["ts"] // b
-                due = bucket < before if since is None else (bucket >= since) & (bucket < before)
+            for c in self._pending[kind]:
+                due = c["ts"] // self.feature_set.bucket_ms < before
                 if due.all():
                     picked.append(c)
                 elif due.any():
                     picked.append({k: v[due] for k, v in c.items()})
-                    if remove:
-                        rest.append({k: v[~due] for k, v in c.items()})
-                elif remove:
+                    rest.append({k: v[~due] for k, v in c.items()})
+                else:
                     rest.append(c)
-            out[kind] = {k: np.concatenate([c[k] for c in picked]) for k in picked[0]} if picked else None
-            if remove:
-                self._pending[kind] = rest
+            out[kind] = _joined(picked)
+            self._pending[kind] = rest
         return out
 
-    def _open_table(self, end: int) -> BucketTable:
-        """Statistics of the buckets still open before ``end`` (the frontier's bucket up to the
-        newest), without finalising them.
+    def _open_buckets(self) -> PartialBuckets:
+        """Statistics of the open buckets (the frontier's and after), current with every pending
+        record.
 
-        Every read needs them; at high rates they hold most records (a tolerance's worth).
-        Buckets before the newest one seen receive no more records unless late ones come, so
-        their table and the counter carry after them are kept and reused until the frontier
-        moves or a record joins them; only the newest bucket is bucketed again at each read.
+        Every read needs them, and at high rates they hold most records (a tolerance's worth):
+        rather than bucketing those again at each read, they are kept from the first read on and
+        each update folds its records in, which the fold's rules make exact (see
+        :mod:`features.buckets`). A node's records normally arrive in order; an update with one
+        that does not (older than a record of its node already folded, or a duplicate of one)
+        discards them instead, and the next read folds every pending record at once. A consumer
+        that never reads does not pay for them.
         """
-        fs = self.feature_set
-        split = max(self._frontier, min(end, self._watermark // fs.bucket_ms))
-        held = tuple(sum(int((c["ts"] // fs.bucket_ms < split).sum()) for c in self._pending[kind])
-                     for kind in KINDS)
-        key = (self._frontier, split, held)
-        if self._settled is None or self._settled[0] != key:
-            carry = copy.deepcopy(self._carry)
-            head = self._pending_between(None, split)
-            self._settled = (key, bucketize(fs, head["gpu"], head["xid"], head["link"], carry), carry)
-        _, settled, carry = self._settled
-        if split >= end:
-            return settled
-        tail = self._pending_between(split, end)
-        newest = bucketize(fs, tail["gpu"], tail["xid"], tail["link"], copy.deepcopy(carry))
-        node = np.concatenate([settled.node, newest.node])
-        bucket = np.concatenate([settled.bucket, newest.bucket])
-        order = np.lexsort((bucket, node))
-        return BucketTable(node[order], bucket[order], np.concatenate([settled.values, newest.values])[order])
+        if self._open is None:
+            self._open = PartialBuckets(self.feature_set, copy.deepcopy(self._carry))
+            self._open.fold(*(_joined(self._pending[kind]) for kind in KINDS))
+        return self._open
 
     def _advance(self, target: int) -> None:
         """Finalise every bucket before ``target``."""
@@ -182,7 +177,9 @@ class OnlineFeatureEngine:
             self._frontier = min(min(firsts) // self.feature_set.bucket_ms, target)
         if target <= self._frontier:
             return
-        due = self._pending_between(None, target, remove=True)
+        if self._open is not None:
+            self._open.drop_before(target)
+        due = self._take_pending(target)
         table = bucketize(self.feature_set, due["gpu"], due["xid"], due["link"], self._carry)
         for r, ring in self._rings.items():
             if target - self._frontier >= r:
@@ -262,7 +259,7 @@ class OnlineFeatureEngine:
         if self._frontier is None or not len(self._nodes):
             return pd.DataFrame(columns=["node", "ts", *fs.names])
         if end > self._frontier:
-            open_table = self._open_table(end)
+            open_table = self._open_buckets().table
         else:
             open_table = bucketize(fs, None, None, None, Carry())
         everyone = np.arange(len(self._nodes))
