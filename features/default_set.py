@@ -40,7 +40,7 @@ def _link(field: str, agg: str, *windows: int) -> list[Feature]:
 
 _FEATURES: Final = [
     # ECC and memory health
-    *_gpu("ecc_sbe_vol_total", "increase", 10 * M, H, 6 * H),
+    *_gpu("ecc_sbe_vol_total", "increase", 5 * M, 10 * M, H, 6 * H),
     *_gpu("ecc_sbe_vol_total", "gpus_increasing", H, threshold=0),
     *_gpu("ecc_dbe_vol_total", "increase", H, 24 * H),
     *_gpu("ecc_sbe_agg_total", "increase", 24 * H),
@@ -70,16 +70,16 @@ _FEATURES: Final = [
     *_gpu("power_usage", "std", 30 * M),
     *_gpu("power_violation", "increase", H),
     # NVLink and PCIe
-    *_gpu("nvlink_crc_flit_error_count_total", "increase", H, 6 * H),
-    *_gpu("nvlink_crc_data_error_count_total", "increase", H),
-    *_gpu("nvlink_replay_error_count_total", "increase", H),
+    *_gpu("nvlink_crc_flit_error_count_total", "increase", 5 * M, 10 * M, H, 6 * H),
+    *_gpu("nvlink_crc_data_error_count_total", "increase", 10 * M, H),
+    *_gpu("nvlink_replay_error_count_total", "increase", 10 * M, H),
     *_gpu("nvlink_recovery_error_count_total", "increase", H),
-    *_gpu("pcie_replay_counter", "increase", H, 6 * H),
+    *_gpu("pcie_replay_counter", "increase", 10 * M, H, 6 * H),
     # InfiniBand links
-    *_link("symbol_error", "increase", H, 6 * H),
+    *_link("symbol_error", "increase", 5 * M, 10 * M, H, 6 * H),
     *_link("link_error_recovery", "increase", H, 6 * H),
     *_link("link_downed", "increase", 6 * H),
-    *_link("port_rcv_errors", "increase", H),
+    *_link("port_rcv_errors", "increase", 10 * M, H),
     *_link("port_rcv_remote_physical_errors", "increase", H),
     *_link("local_link_integrity_errors", "increase", H),
     *_link("state", "ports_down", 10 * M),
