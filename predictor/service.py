@@ -7,9 +7,9 @@ One loop, one thread (:meth:`RiskService.run`); the HTTP API only reads what it 
            partition's feature engine, read the features at T   (see predictor.partition)
         ─► score every (node, T) row of the cycle in one batched model call
         ─► publish RiskScore records to risk.scores, update the board and the metrics
-        ─► every checkpoint period: flush the bus (scores and dead letters durable), write each
-           changed partition's checkpoint (engine + offsets + held records), then commit the
-           offsets to the group.
+        ─► checkpoints, spread over the period: every period / (partitions owned), flush the bus
+           (scores and dead letters durable), write the checkpoint (engine + offsets + held
+           records) of the changed partition saved longest ago, then commit its offsets.
 
 State is per partition number; after a rebalance (another process joined or died) or a restart,
 each newly owned partition is restored from its checkpoint and its logs are sought to the
@@ -73,7 +73,7 @@ class ServiceConfig:
     topics: tuple[str, ...] = TELEMETRY_TOPICS
     score_every_ms: int = 10_000
     lateness_ms: int = 0
-    checkpoint_every_s: float = 5.0
+    checkpoint_every_s: float = 30.0  # per partition; a crash replays at most this much of the logs
     reload_every_s: float = 30.0
     poll_timeout_s: float = 0.1
     max_records: int = 5_000
@@ -111,6 +111,7 @@ class RiskService:
         self.error: BaseException | None = None
         self._states: dict[int, PartitionState] = {}
         self._dirty: set[int] = set()
+        self._saved_at: dict[int, float] = {}  # wall time of each partition's last checkpoint
         self._stream: RecordStream | None = None
         self._assigned: set[tuple[str, int]] | None = None
         self._caught_up = False
@@ -169,8 +170,11 @@ class RiskService:
         lag = self._lag()
         scores = self._score_due(lag)
         now = self.wall()
-        if now - self._last_checkpoint >= self.config.checkpoint_every_s:
-            self.checkpoint()
+        if now - self._last_checkpoint >= self.config.checkpoint_every_s / max(1, len(self._states)):
+            self._last_checkpoint = now
+            stalest = min(self._dirty & set(self._states), key=lambda p: self._saved_at.get(p, 0.0), default=None)
+            if stalest is not None:
+                self.checkpoint([stalest])
         if now - self._last_reload >= self.config.reload_every_s:
             self.reload_model()
         return scores
@@ -235,20 +239,27 @@ class RiskService:
         return scores
 
     # ---- durability ----------------------------------------------------------------------
-    def checkpoint(self) -> None:
-        """Make published scores and dead letters durable, then the changed partitions' state,
-        then commit their offsets (a crash between two steps replays, it never loses)."""
+    def checkpoint(self, partitions: Sequence[int] | None = None) -> None:
+        """Make published scores and dead letters durable, then the state of the changed partitions
+        among ``partitions`` (default: all), then commit their offsets (a crash between two steps
+        replays, it never loses).
+
+        The loop saves one partition at a time: an engine's state is large (its 24 h windows at
+        one-minute resolution, plus the records of its open buckets), and writing every
+        partition at once stalled scoring for seconds.
+        """
         started = time.perf_counter()
-        self._last_checkpoint = self.wall()
         self.bus.flush()
-        dirty = sorted(p for p in self._dirty if p in self._states)
+        chosen = self._dirty if partitions is None else self._dirty & set(partitions)
+        dirty = sorted(p for p in chosen if p in self._states)
         if self.checkpoints is not None:
             for p in dirty:
                 state = self._states[p]
                 meta = state.meta()
                 meta["board"] = self.board.export(state.engine.nodes())
                 self.checkpoints.save(p, state.engine, meta)
-        self._dirty.clear()
+                self._saved_at[p] = self.wall()
+        self._dirty.difference_update(dirty)
         done = [Message(t, p, off - 1, None, b"") for p in dirty
                 for (t, p), off in self._states[p].positions.items() if off > 0]
         if done and self._stream is not None:
@@ -265,6 +276,7 @@ class RiskService:
         for p in sorted(set(self._states) - owned):
             self.board.forget(self._states.pop(p).engine.nodes())
             self._dirty.discard(p)
+            self._saved_at.pop(p, None)
         for p in sorted(owned - set(self._states)):
             self._states[p] = self._restore(p)
         positions = {tp: off for p in owned for tp, off in self._states[p].positions.items()

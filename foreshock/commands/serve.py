@@ -56,7 +56,9 @@ def serve(
     checkpoint_dir: Path | None = typer.Option(
         None, "--checkpoint-dir", help="shared by the group's processes; default with --kafka: "
         "$FORESHOCK_CACHE/predictor/<group>; without --kafka: none (state in memory)"),
-    checkpoint_every: str = typer.Option("5s", "--checkpoint-every", help="wall time between checkpoints"),
+    checkpoint_every: str = typer.Option(
+        "30s", "--checkpoint-every",
+        help="wall time between two checkpoints of a partition (partitions take turns, spread over it)"),
     reload_every: str = typer.Option("30s", "--reload-every", help="how often to check the model alias"),
     token_file: Path | None = typer.Option(None, "--token-file", help="file holding the API bearer token"),
     max_poll_records: int = typer.Option(5000, "--max-poll-records", min=1,

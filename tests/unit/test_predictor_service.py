@@ -97,6 +97,29 @@ def test_a_restart_from_the_checkpoint_publishes_the_same_scores(sim, risk_model
     assert min(s.ts for s in after) <= max(s.ts for s in before), "the restart replayed nothing"
 
 
+def test_the_partitions_take_turns_at_checkpointing(sim, risk_model_dir, tmp_path):
+    """A due cycle saves one changed partition, the one saved longest ago: with 3 partitions and a
+    30 s period one save falls due every 10 s, and each changed partition is saved once."""
+    bus = InMemoryBus(partitions=3)
+    stream(sim, bus)
+    now = [0.0]
+    store = CheckpointStore(tmp_path / "ckpt", ENGINES.load)
+    saved: list[tuple[float, int]] = []
+    save = store.save
+    store.save = lambda p, engine, meta: (saved.append((now[0], p)), save(p, engine, meta))[1]
+    cfg = ServiceConfig(group="g", score_every_ms=PERIOD, checkpoint_every_s=30)
+    svc = RiskService(bus, ENGINES, PathModelSource(risk_model_dir), config=cfg, checkpoints=store,
+                      wall=lambda: now[0]).start()
+    drain(svc)  # the clock stands still: nothing is due yet, every partition has changed
+    assert saved == []
+    for _ in range(24):  # 60 s
+        now[0] += 2.5
+        svc.run_once()
+    assert [t for t, _ in saved] == [10.0, 20.0, 30.0]
+    assert sorted(p for _, p in saved) == [0, 1, 2]
+    assert all(store.load(p) is not None for p in range(3))
+
+
 def test_bad_records_are_dead_lettered_and_scoring_goes_on(sim, risk_model_dir, tmp_path):
     bus = InMemoryBus(partitions=2)
     bus.send(Topic.GPU, "node0003", b"{not json")
