@@ -172,9 +172,9 @@ class RiskService:
         now = self.wall()
         if now - self._last_checkpoint >= self.config.checkpoint_every_s / max(1, len(self._states)):
             self._last_checkpoint = now
-            stalest = min(self._dirty & set(self._states), key=lambda p: self._saved_at.get(p, 0.0), default=None)
-            if stalest is not None:
-                self.checkpoint([stalest])
+            changed = self._dirty & set(self._states)
+            if changed:  # the one saved longest ago
+                self.checkpoint([min(changed, key=lambda p: self._saved_at.get(p, 0.0))])
         if now - self._last_reload >= self.config.reload_every_s:
             self.reload_model()
         return scores

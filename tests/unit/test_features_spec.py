@@ -30,7 +30,8 @@ def test_hash_is_stable_and_changes_with_any_parameter():
     changed = [
         FeatureSet(fs.features, fs.peers, fs.xid_classes, version="2"),
         FeatureSet(
-            (Feature(first.source, first.field, first.agg, 17 * 60_000), *fs.features[1:]),  # a window no feature has
+            # a window that no feature of the set has
+            (Feature(first.source, first.field, first.agg, 17 * 60_000), *fs.features[1:]),
             (),
             fs.xid_classes,
         ),
