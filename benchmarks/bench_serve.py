@@ -4,9 +4,9 @@
 
 This process runs the service (consumer loop + HTTP API) as ``foreshock serve`` does. Two other
 processes (this file with ``--role``) make the load, both bounded in count and time: one
-publishes GPU scrapes of ``--nodes`` nodes (8 GPUs each, event time = wall time) as fast as it
-can up to ``--samples-per-s``, the other calls the API at ``--rps`` requests/s. Scoring runs every
-``--score-every`` of event time over every node.
+publishes GPU scrapes of ``--nodes`` nodes (8 GPUs each), paced evenly at ``--samples-per-s``
+and each stamped when sent (event time = wall time), the other calls the API at ``--rps``
+requests/s. Scoring runs every ``--score-every`` of event time over every node.
 
 Figures, each with a baseline measured in the same run:
 - GPU samples/s ingested by the service, against a decode-only consumer draining the same topic;
@@ -49,7 +49,8 @@ def _template(node: int) -> bytes:
 
 
 def role_telemetry(bootstrap: str, nodes: int, seconds: float, per_s: float) -> None:
-    """Publish scrapes (ts = now) round-robin over the nodes; bounded by time and count."""
+    """Publish scrapes round-robin over the nodes, paced evenly and each stamped when sent, as
+    nodes that scrape on their own timers would; bounded by time and count."""
     from ingest.kafka_bus import KafkaBus
 
     bus = KafkaBus(bootstrap, client_id="bench-telemetry")
@@ -58,13 +59,13 @@ def role_telemetry(bootstrap: str, nodes: int, seconds: float, per_s: float) -> 
     sent, t0 = 0, time.monotonic()
     limit = int(per_s * seconds / GPUS)
     while time.monotonic() - t0 < seconds and sent < limit:
-        ts = str(now_ms()).encode()
-        for key, body in templates:
-            bus.send(Topic.GPU, key, body.replace(stamp, ts))
-        sent += len(templates)
-        ahead = sent * GPUS / per_s - (time.monotonic() - t0)
-        if ahead > 0:
-            time.sleep(ahead)
+        key, body = templates[sent % nodes]
+        bus.send(Topic.GPU, key, body.replace(stamp, str(now_ms()).encode()))
+        sent += 1
+        if sent % 64 == 0:  # pace in small steps: a whole round sent at once would stamp it all alike
+            ahead = sent * GPUS / per_s - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
     bus.flush()
     bus.close()
     print(json.dumps({"messages": sent, "samples": sent * GPUS, "seconds": time.monotonic() - t0}))
