@@ -330,6 +330,13 @@ class PartialBuckets:
         self._newest = {kind: np.empty(0, np.int64) for kind in _KINDS}
 
     @property
+    def nbytes(self) -> int:
+        """Bytes held: the statistics, the member totals and each node's newest ts."""
+        members = sum(a.nbytes for arrays in self._members.values() for a in arrays)
+        newest = sum(a.nbytes for a in self._newest.values())
+        return int(self._keys.nbytes + self._values.nbytes + members + newest)
+
+    @property
     def table(self) -> BucketTable:
         """The statistics, as one :func:`bucketize` of every folded record would return them."""
         return BucketTable(self._keys // _KEY_SHIFT, self._keys % _KEY_SHIFT, self._values.T)

@@ -203,13 +203,14 @@ class OnlineFeatureEngine:
         return list(self._nodes.names)
 
     def state_bytes(self) -> int:
-        """Bytes of state: rings, counter carries and the reorder buffer."""
+        """Bytes of state: rings, counter carries, the reorder buffer and the open buckets' statistics."""
         pending = sum(v.nbytes for chunks in self._pending.values() for c in chunks for v in c.values())
         return int(
             sum(r.nbytes for r in self._rings.values())
             + self._carry.gpu.nbytes
             + self._carry.link.nbytes
             + pending
+            + (self._open.nbytes if self._open is not None else 0)
         )
 
     def _window(self, s: Stat, w: int, end: int, rows: np.ndarray, open_table: BucketTable) -> np.ndarray:
