@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -256,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
                 p.kill()
         if broker is not None:
             broker.stop()
+        shutil.rmtree(tmp, ignore_errors=True)  # about 1 GB of broker log and checkpoints per run
 
 
 def _cpu_seconds(proc: psutil.Process) -> float:

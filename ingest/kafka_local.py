@@ -76,6 +76,7 @@ class LocalKafka:
                  heap_mb: int = 768):
         self.port = port or free_port()
         self.controller_port = free_port()
+        self._owns_dir = data_dir is None  # a log dir it made itself, it removes on stop()
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="foreshock-kafka-"))
         self.partitions = partitions
         self.heap_mb = heap_mb
@@ -145,6 +146,8 @@ class LocalKafka:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalKafka:
         return self.start()

@@ -15,6 +15,7 @@ same JSON travels as the flavour's ``metadata`` in the ``MLmodel`` file.
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -174,8 +175,9 @@ class RiskModel:
         if text.startswith("models:/"):
             from models.registry import download_registered
 
-            local, version = download_registered(text, tracking_uri)
-            return cls._load_dir(local, version=version)
+            with tempfile.TemporaryDirectory(prefix="foreshock-model-") as tmp:
+                local, version = download_registered(text, tracking_uri, Path(tmp))
+                return cls._load_dir(local, version=version)
         return cls._load_dir(Path(text))
 
     @classmethod

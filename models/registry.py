@@ -13,7 +13,6 @@ The tracking URI is always passed in. For a ``sqlite:///…/mlflow.db`` store, a
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,8 +72,10 @@ def champion_version(tracking_uri: str) -> str | None:
         return None
 
 
-def download_registered(uri: str, tracking_uri: str | None) -> tuple[Path, str]:
-    """Download a ``models:/name@alias`` or ``models:/name/N`` model; returns (folder, version)."""
+def download_registered(uri: str, tracking_uri: str | None, dest: Path) -> tuple[Path, str]:
+    """Download a ``models:/name@alias`` or ``models:/name/N`` model into ``dest``; returns
+    (folder, version). The caller owns ``dest``: a service that reloads on every alias move
+    must not leave a copy behind each time."""
     if tracking_uri is None:
         raise ValueError("a models:/ URI needs a tracking URI")
     client = _client(tracking_uri)
@@ -85,7 +86,6 @@ def download_registered(uri: str, tracking_uri: str | None) -> tuple[Path, str]:
     else:
         name, number = ref.rsplit("/", 1)
         mv = client.get_model_version(name, number)
-    dest = Path(tempfile.mkdtemp(prefix="foreshock-model-"))
     # Resolve through this client: a bare models:/ URI would consult the process-wide registry.
     source = client.get_model_version_download_uri(mv.name, mv.version)
     local = mlflow.artifacts.download_artifacts(
