@@ -2,7 +2,11 @@
 
 Precursors (``ecc``, ``thermal``, ``power``, ``nvlink``, ``pcie``, ``ib_link``, Xid storms)
 each get short windows (the burst that precedes a failure) and long ones (the baseline a burst
-stands out against); peer features compare each node with the cluster at the same tick.
+stands out against); peer features compare each node with the cluster at the same tick. The error
+counters are counted over 5-10, 20-30 and 60 minutes: a foreshock keeps accelerating until the
+failure while a harmless transient of the same size peaks and fades, and only the last minutes
+set against the last half hour show which one is under way (the half hour also holds several
+times the counts of five minutes, so it is the steadier estimate of the current rate).
 
 Xid classes follow the NVIDIA catalogue (``reference/xid_catalog.csv``): memory (ECC, page
 retirement and row remapping), nvlink, bus (79: fallen off the bus), gsp/fatal (GPU stopped,
@@ -40,14 +44,14 @@ def _link(field: str, agg: str, *windows: int) -> list[Feature]:
 
 _FEATURES: Final = [
     # ECC and memory health
-    *_gpu("ecc_sbe_vol_total", "increase", 5 * M, 10 * M, H, 6 * H),
+    *_gpu("ecc_sbe_vol_total", "increase", 5 * M, 10 * M, 20 * M, 30 * M, H, 6 * H),
     *_gpu("ecc_sbe_vol_total", "gpus_increasing", H, threshold=0),
     *_gpu("ecc_dbe_vol_total", "increase", H, 24 * H),
     *_gpu("ecc_sbe_agg_total", "increase", 24 * H),
     *_gpu("retired_sbe", "increase", 24 * H),
     *_gpu("retired_dbe", "increase", 24 * H),
     *_gpu("retired_pending", "max", H),
-    *_gpu("correctable_remapped_rows", "increase", H, 24 * H),
+    *_gpu("correctable_remapped_rows", "increase", 10 * M, 30 * M, H, 24 * H),
     *_gpu("uncorrectable_remapped_rows", "increase", H, 24 * H),
     *_gpu("row_remap_pending", "max", H),
     *_gpu("row_remap_failure", "max", H),
@@ -70,16 +74,16 @@ _FEATURES: Final = [
     *_gpu("power_usage", "std", 30 * M),
     *_gpu("power_violation", "increase", H),
     # NVLink and PCIe
-    *_gpu("nvlink_crc_flit_error_count_total", "increase", 5 * M, 10 * M, H, 6 * H),
-    *_gpu("nvlink_crc_data_error_count_total", "increase", 10 * M, H),
-    *_gpu("nvlink_replay_error_count_total", "increase", 10 * M, H),
+    *_gpu("nvlink_crc_flit_error_count_total", "increase", 5 * M, 10 * M, 20 * M, 30 * M, H, 6 * H),
+    *_gpu("nvlink_crc_data_error_count_total", "increase", 10 * M, 20 * M, 30 * M, H),
+    *_gpu("nvlink_replay_error_count_total", "increase", 10 * M, 20 * M, 30 * M, H),
     *_gpu("nvlink_recovery_error_count_total", "increase", H),
-    *_gpu("pcie_replay_counter", "increase", 10 * M, H, 6 * H),
+    *_gpu("pcie_replay_counter", "increase", 10 * M, 20 * M, 30 * M, H, 6 * H),
     # InfiniBand links
-    *_link("symbol_error", "increase", 5 * M, 10 * M, H, 6 * H),
+    *_link("symbol_error", "increase", 5 * M, 10 * M, 20 * M, 30 * M, H, 6 * H),
     *_link("link_error_recovery", "increase", H, 6 * H),
     *_link("link_downed", "increase", 6 * H),
-    *_link("port_rcv_errors", "increase", 10 * M, H),
+    *_link("port_rcv_errors", "increase", 10 * M, 20 * M, 30 * M, H),
     *_link("port_rcv_remote_physical_errors", "increase", H),
     *_link("local_link_integrity_errors", "increase", H),
     *_link("state", "ports_down", 10 * M),

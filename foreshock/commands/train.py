@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from foreshock.commands.durations import parse_duration
+from foreshock.commands.durations import option_seconds, parse_duration
 
 _TRACKING_HELP = "MLflow tracking URI (default: sqlite:///<data dir>/mlflow.db)"
 
@@ -35,6 +35,9 @@ def register(app: typer.Typer) -> None:
         ),
         cadence: str = typer.Option("60s", "--cadence", help="feature row cadence"),
         budget: float = typer.Option(1.0, "--budget", help="false alarms allowed per 1,000 node-days"),
+        censor: str = typer.Option(
+            "6h", "--censor", help="training leaves out negatives this close before a failure (0 keeps all)"
+        ),
         no_register: bool = typer.Option(False, "--no-register", help="skip MLflow logging and registration"),
         seed: int = typer.Option(0, "--seed"),
     ) -> None:
@@ -52,6 +55,7 @@ def register(app: typer.Typer) -> None:
             register=not no_register,
             cadence_ms=int(parse_duration(cadence).total_seconds() * 1000),
             budget_per_1000_node_days=budget,
+            censor_ms=int(option_seconds(censor, "--censor") * 1000),
             seed=seed,
         )
         print_table(json.loads((out / "metrics.json").read_text()))

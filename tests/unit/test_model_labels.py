@@ -8,6 +8,7 @@ import pytest
 
 from models.labels import label_rows
 from models.splits import make_split
+from models.train import censor_before_failures
 
 MIN = 60_000
 H = 60 * MIN
@@ -102,3 +103,16 @@ def test_split_is_time_ordered_purged_and_holds_out_nodes():
     again = make_split(rows.sample(frac=1.0, random_state=1), H, holdout_fraction=0.2)
     assert again.holdout_nodes == split.holdout_nodes
     assert np.all(np.diff(np.sort(ts[masks["train"]])) >= 0)
+
+
+def test_training_censors_only_the_negatives_shortly_before_a_failure():
+    rows = pd.concat([_rows("n0", range(0, 600)), _rows("n1", range(0, 600))])
+    events = _events(("n0", 500 * MIN, "failed", "ecc", True))
+    labelled = label_rows(rows, events, H, end_ms=700 * MIN)
+    kept = censor_before_failures(labelled, 3 * H)
+    gone = labelled.merge(kept, how="left", indicator=True).query("_merge == 'left_only'")
+    # negatives in [f - 3H, f - H) of n0 go; its positives, its earlier rows and all of n1 stay
+    assert set(gone["node"]) == {"n0"} and (gone["label"] == 0).all()
+    assert sorted(gone["ts"]) == [m * MIN for m in range(320, 440)]
+    assert (kept["label"] == 1).sum() == (labelled["label"] == 1).sum() == 60
+    assert censor_before_failures(labelled, 0) is labelled
