@@ -69,16 +69,20 @@ def evaluate(
     data: LabelledData | None = None,
     feature_set: Any = None,
     dask_address: str | None = None,
+    cadence_ms: int | None = None,
 ) -> dict[str, Any]:
     """Score every row of another dataset with the model and its baselines; write ``metrics.json``,
     ``report.md`` and plots to ``out_dir``; return the metrics (``metrics.json``'s content).
 
     The whole dataset is the evaluation set (nothing of it was seen in training, by the caller's
     choice of dataset). ``data`` skips feature computation when the caller already has the frame;
-    ``dask_address`` computes the features on that Dask cluster.
+    ``dask_address`` computes the features on that Dask cluster. ``cadence_ms`` defaults to the
+    cadence the model was trained at; a finer one (the service scores every few seconds) measures
+    lead times and false alarms closer to what an operator sees, since alerts can start between
+    two training rows and a flapping score can open more episodes.
     """
     if data is None:
-        cadence_ms = int(model.metrics.get("training", {}).get("cadence_ms", 60_000))
+        cadence_ms = cadence_ms or int(model.metrics.get("training", {}).get("cadence_ms", 60_000))
         data = build_labelled(
             data_dir,
             model.horizon_minutes * 60_000,

@@ -75,6 +75,9 @@ def register(app: typer.Typer) -> None:
             None, "--tracking-uri", envvar="FORESHOCK_TRACKING_URI", help=_TRACKING_HELP
         ),
         dask: str = typer.Option(None, "--dask", help="Dask scheduler address: compute features there"),
+        cadence: str = typer.Option(
+            None, "--cadence", help="feature row cadence (default: the one the model was trained at)"
+        ),
     ) -> None:
         """Evaluate a trained model and its baselines on another dataset."""
         from models.artifact import RiskModel
@@ -83,6 +86,7 @@ def register(app: typer.Typer) -> None:
         from models.report import print_table
 
         risk_model = RiskModel.load(model, tracking_uri=tracking_uri or sqlite_uri(data))
-        metrics = run_evaluation(risk_model, data, out, dask_address=dask)
+        cadence_ms = int(option_seconds(cadence, "--cadence") * 1000) if cadence else None
+        metrics = run_evaluation(risk_model, data, out, dask_address=dask, cadence_ms=cadence_ms)
         print_table(metrics)
         typer.echo(f"report: {out / 'report.md'}")

@@ -97,13 +97,17 @@ def test_cli_train_and_evaluate_a_registered_model(mlflow_server, tmp_path):
             str(tmp_path / "train-data"),
             "--tracking-uri",
             mlflow_server,
+            "--censor",
+            "3h",
             "--out",
             str(tmp_path / "run"),
         ],
     )
     assert result.exit_code == 0, result.output
     assert "model vs baselines" in result.output and "logistic" in result.output
-    version = json.loads((tmp_path / "run" / "metrics.json").read_text())["_info"]["registry"]["version"]
+    info = json.loads((tmp_path / "run" / "metrics.json").read_text())["_info"]
+    version = info["registry"]["version"]
+    assert info["censor_ms"] == 3 * 3_600_000 and info["cadence_ms"] == 60_000
     assert f"version {version}" in result.output
     result = runner.invoke(
         app,
@@ -115,6 +119,8 @@ def test_cli_train_and_evaluate_a_registered_model(mlflow_server, tmp_path):
             str(tmp_path / "eval-data"),
             "--tracking-uri",
             mlflow_server,
+            "--cadence",
+            "5m",
             "--out",
             str(tmp_path / "eval"),
         ],
@@ -122,5 +128,6 @@ def test_cli_train_and_evaluate_a_registered_model(mlflow_server, tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["_info"]["model_version"] == version
+    assert metrics["_info"]["cadence_ms"] == 300_000  # --cadence overrides the training cadence
     assert all(0 <= metrics[p]["pr_auc"] <= 1 for p in ("model", "rules", "logistic"))
     assert (tmp_path / "eval" / "report.md").exists()
