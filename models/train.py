@@ -13,15 +13,15 @@ Recipe (each step on the time split of :mod:`models.splits`, nothing shuffled):
    :data:`CENSOR_MS`, 6 h: the longest foreshock in the reference profiles). A node whose fault is
    building hours ahead is not healthy, and teaching the trees that it is taught them to stay
    quiet until the last minutes. Chosen on validation (llama3, 14 days; 0, 6, 12 or 24 h) by the
-   failures warned at least 15 min ahead; with the 20-30 min windows it took those from 28 to 31,
-   and those warned 30 min ahead from 13 to 22, at the same row PR-AUC. Only training rows are censored;
-   calibration, the threshold and every metric see all rows, so the probability still means
-   "fails within H".
+   failures warned at least 15 min ahead; with the 20-30 min windows it took those from 28 to
+   31, and those warned 30 min ahead from 13 to 22, at the same row PR-AUC. Only training rows
+   are censored; calibration, the threshold and every metric see all rows, so the probability
+   still means "fails within H".
 2. Platt calibration of the raw margin on validation rows (a monotone map: ranking unchanged).
 3. The alert threshold: the lowest one whose false alarms on validation stay within the budget
    (default 1 per 1,000 node-days; :mod:`models.alerting`). The same procedure sets the
    baselines' thresholds, so every predictor spends the same budget. The logistic baseline is
-   fitted on its own best training rows (10 negatives per positive), not the model's.
+   fitted on its own best training rows (10 negatives per positive, none censored), not the model's.
 4. Metrics of model and baselines on validation, test, and test restricted to held-out nodes.
 
 With a Dask scheduler address, step 1 runs through ``lightgbm.dask`` on that cluster: a fixed
