@@ -71,7 +71,7 @@ def load_report(source: str | Path, tracking_uri: str | None = None) -> ModelRep
     run_id = client.get_model_version(
         text.removeprefix("models:/").split("@")[0].split("/")[0], model.version
     ).run_id
-    # One folder per run, reused: a notebook that reopens the champion must not pile up copies.
+    # One folder per run, written over by each download: reopening the champion must not pile up copies.
     folder = Path(tempfile.gettempdir()) / f"foreshock-report-{run_id}"
     mlflow.artifacts.download_artifacts(
         run_id=run_id, artifact_path="", dst_path=str(folder), tracking_uri=tracking_uri
