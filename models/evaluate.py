@@ -22,7 +22,7 @@ from models.artifact import RiskModel
 from models.baselines import LogisticBaseline, rule_scores
 from models.frame import LabelledData, build_labelled
 
-__all__ = ["PREDICTORS", "predictor_metrics", "scores_of", "evaluate", "write_outputs"]
+__all__ = ["PREDICTORS", "predictor_metrics", "scores_of", "clear_ms_of", "evaluate", "write_outputs"]
 
 PREDICTORS = ("model", "rules", "logistic")
 
@@ -61,6 +61,12 @@ def thresholds_of(model: RiskModel) -> dict[str, float]:
     }
 
 
+def clear_ms_of(model: RiskModel) -> int:
+    """The quiet time that ends an alert episode, as the model's threshold was chosen with (models
+    trained before it was recorded ended an episode at every dip)."""
+    return int(model.metrics.get("training", {}).get("alert_clear_ms", 0))
+
+
 def evaluate(
     model: RiskModel,
     data_dir: str | Path,
@@ -94,7 +100,7 @@ def evaluate(
         raise ValueError(
             f"model was trained on feature set {model.feature_set_hash}, data has {data.feature_set_hash}"
         )
-    rows = EvalRows(data.frame, data.cadence_ms)
+    rows = EvalRows(data.frame, data.cadence_ms, clear_ms_of(model))
     scores = scores_of(model, rows.frame)
     thresholds = thresholds_of(model)
     metrics: dict[str, Any] = {
@@ -108,6 +114,7 @@ def evaluate(
         "dataset": {k: data.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")},
         "dataset_fingerprint": data.fingerprint,
         "cadence_ms": data.cadence_ms,
+        "alert_clear_ms": rows.clear_ms,
     }
     write_outputs(out_dir, metrics, {"evaluation": (rows, scores)}, model, title="Risk model evaluation")
     return metrics

@@ -19,7 +19,8 @@ Recipe (each step on the time split of :mod:`models.splits`, nothing shuffled):
    still means "fails within H".
 2. Platt calibration of the raw margin on validation rows (a monotone map: ranking unchanged).
 3. The alert threshold: the lowest one whose false alarms on validation stay within the budget
-   (default 1 per 1,000 node-days; :mod:`models.alerting`). The same procedure sets the
+   (default 1 per 1,000 node-days; alert episodes clear after 30 quiet minutes:
+   :mod:`models.alerting`). The same procedure sets the
    baselines' thresholds, so every predictor spends the same budget. The logistic baseline is
    fitted on its own best training rows (10 negatives per positive, none censored), not the model's.
 4. Metrics of model and baselines on validation, test, and test restricted to held-out nodes.
@@ -41,7 +42,7 @@ import pandas as pd
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
 
-from models.alerting import EvalRows
+from models.alerting import ALERT_CLEAR_MS, EvalRows
 from models.artifact import RiskModel
 from models.baselines import LogisticBaseline, rule_scores
 from models.evaluate import PREDICTORS, predictor_metrics, write_outputs
@@ -182,6 +183,7 @@ def train_on(
     dask_address: str | None = None,
     negatives_per_positive: float = NEGATIVES_PER_POSITIVE,
     censor_ms: int = CENSOR_MS,
+    clear_ms: int = ALERT_CLEAR_MS,
     seed: int = 0,
     holdout_fraction: float = 0.15,
 ) -> tuple[RiskModel, dict[str, Any], dict[str, tuple[EvalRows, dict]]]:
@@ -205,7 +207,7 @@ def train_on(
         dask_address,
     )
 
-    val_rows = EvalRows(parts["val"], data.cadence_ms)
+    val_rows = EvalRows(parts["val"], data.cadence_ms, clear_ms)
     model = RiskModel(
         booster,
         feature_names=names,
@@ -229,7 +231,7 @@ def train_on(
 
     evaluated: dict[str, tuple[EvalRows, dict]] = {}
     for part in ("test", "val", "test_unseen_nodes"):
-        rows = val_rows if part == "val" else EvalRows(parts[part], data.cadence_ms)
+        rows = val_rows if part == "val" else EvalRows(parts[part], data.cadence_ms, clear_ms)
         evaluated[part] = (rows, {p: scorers[p](rows.frame) for p in PREDICTORS})
     metrics: dict[str, Any] = {}
     for p in PREDICTORS:
@@ -251,6 +253,7 @@ def train_on(
         "rows": {k: int(v.sum()) for k, v in masks.items()},
         "train_rows_used": len(train),
         "censor_ms": censor_ms,
+        "alert_clear_ms": clear_ms,
         "best_iteration": booster.current_iteration(),
         "distributed": dask_address is not None,
         "split": split.describe(),
@@ -264,6 +267,7 @@ def train_on(
             "cadence_ms",
             "dataset_fingerprint",
             "budget_false_alarms_per_1000_node_days",
+            "alert_clear_ms",
             "best_iteration",
         )
     }

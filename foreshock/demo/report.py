@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from foreshock.demo.replay import ReplayState
+from models.alerting import episode_starts
+from models.evaluate import clear_ms_of
 from models.reliability import expected_crash_loss_gpu_seconds, mitigation_cost_gpu_seconds
 
 __all__ = ["FailureRow", "DemoReport", "build_report", "write_report", "write_scores", "plot_replay"]
@@ -101,17 +102,22 @@ class DemoReport:
         ]
 
 
-def _episodes(scores: list[Any], horizon_ms: int, failures: dict[str, list[int]]) -> tuple[int, int]:
-    """Alert episodes (runs of a node's consecutive alerting scores) and those followed by no failure."""
-    by_node: dict[str, list[Any]] = {}
+def _episodes(
+    scores: list[Any], horizon_ms: int, clear_ms: int, failures: dict[str, list[int]]
+) -> tuple[int, int]:
+    """Alert episodes (a node's alerting scores until ``clear_ms`` passes without one, as in
+    ``models.alerting``) and those with no alerting score followed by a failure within the horizon."""
+    alerting: dict[str, list[int]] = {}
     for s in scores:
-        by_node.setdefault(s.node, []).append(s)
+        if s.alert:
+            alerting.setdefault(s.node, []).append(s.ts)
     episodes = false = 0
-    for node, mine in by_node.items():
-        for alert, run in groupby(sorted(mine, key=lambda s: s.ts), key=lambda s: s.alert):
-            if alert:
-                episodes += 1
-                false += not any(0 < f - s.ts <= horizon_ms for s in run for f in failures.get(node, []))
+    for node, times in alerting.items():
+        ts = np.array(sorted(times), dtype=np.int64)
+        ids = np.cumsum(episode_starts(np.zeros(ts.size), ts, clear_ms))
+        true = [any(0 < f - t <= horizon_ms for f in failures.get(node, [])) for t in ts.tolist()]
+        episodes += int(ids[-1])
+        false += int(ids[-1]) - len(set(ids[np.array(true)].tolist()))
     return episodes, false
 
 
@@ -172,7 +178,7 @@ def build_report(
         for ts, a in acted
         if a.kind == "migrate" and not any(0 <= f - ts <= horizon_ms for f in by_node.get(a.node, []))
     ]
-    episodes, false = _episodes(state.scores, horizon_ms, by_node)
+    episodes, false = _episodes(state.scores, horizon_ms, clear_ms_of(model), by_node)
     actions: dict[str, int] = {}
     for _, a in acted:
         actions[a.kind] = actions.get(a.kind, 0) + 1

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from models.alerting import EvalRows
 from models.artifact import RiskModel
-from models.evaluate import PREDICTORS, scores_of
+from models.evaluate import PREDICTORS, clear_ms_of, scores_of
 from models.frame import build_labelled
 
 __all__ = [
@@ -89,7 +89,7 @@ def test_rows(report: ModelReport, data_dir: str | Path) -> tuple[EvalRows, dict
     if info.get("dataset_fingerprint") not in (None, data.fingerprint):
         raise ValueError(f"{data_dir} is not the dataset this model was trained on")
     frame = data.frame[data.frame["ts"] >= int(info["split"]["test_start_ms"])]
-    rows = EvalRows(frame, data.cadence_ms)
+    rows = EvalRows(frame, data.cadence_ms, clear_ms_of(report.model))
     return rows, scores_of(report.model, rows.frame)
 
 

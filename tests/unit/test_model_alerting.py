@@ -83,3 +83,19 @@ def test_budget_threshold_is_the_lowest_within_budget():
         if lower is not None and budget < 200:
             assert rows.false_alarm_rate(score >= lower) > budget or thr == np.min(score)
     assert rows.threshold_for_budget(score, 0.0) >= rows.threshold_for_budget(score, 200.0)
+
+
+def test_a_dip_shorter_than_the_clearing_time_does_not_open_a_new_alarm():
+    alerting = [("n1", m) for m in (10, 11, 30, 31, 70)]  # dips of 18 min, then 38 min
+    for clear_ms, episodes in ((30 * MIN, 2), (0, 3)):
+        rows = EvalRows(_frame(), MIN, clear_ms)
+        m = rows.at_threshold(_score(rows.frame, alerting), 0.5)
+        assert (m["alert_episodes"], m["false_alarms"]) == (episodes, episodes)
+
+
+def test_an_alarm_is_true_only_through_an_alerting_row_in_the_horizon():
+    rows = EvalRows(_frame(), MIN, 30 * MIN)
+    m = rows.at_threshold(_score(rows.frame, [("n0", 20), ("n0", 45)]), 0.5)  # merged: one alarm
+    assert (m["alert_episodes"], m["false_alarms"], m["lead_minutes"]) == (1, 0, [55.0])
+    m = rows.at_threshold(_score(rows.frame, [("n0", 20), ("n0", 35)]), 0.5)  # held past minute 40
+    assert (m["alert_episodes"], m["false_alarms"], m["caught"]) == (1, 1, 0)
