@@ -289,6 +289,7 @@ def train_from_dataset(
     seed: int = 0,
     params: dict[str, Any] | None = None,
     censor_ms: int = CENSOR_MS,
+    clear_ms: int = ALERT_CLEAR_MS,
 ) -> RiskModel:
     """Train on a dataset folder; write ``out_dir/model/``, ``metrics.json``, ``report.md`` and
     plots; log the run to MLflow and register the model (unless ``register=False``).
@@ -312,6 +313,7 @@ def train_from_dataset(
         dask_address=dask_address,
         seed=seed,
         censor_ms=censor_ms,
+        clear_ms=clear_ms,
     )
     model.save(out_dir / "model")
     written = write_outputs(out_dir, metrics, evaluated, model, title="Risk model training")
@@ -327,6 +329,7 @@ def train_from_dataset(
                 "cadence_ms": cadence_ms,
                 "seed": seed,
                 "censor_ms": censor_ms,
+                "alert_clear_ms": clear_ms,
                 "budget_false_alarms_per_1000_node_days": budget_per_1000_node_days,
                 "best_iteration": metrics["_info"]["best_iteration"],
                 "distributed": dask_address is not None,

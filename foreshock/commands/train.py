@@ -38,6 +38,9 @@ def register(app: typer.Typer) -> None:
         censor: str = typer.Option(
             "6h", "--censor", help="training leaves out negatives this close before a failure (0 keeps all)"
         ),
+        alert_clear: str = typer.Option(
+            "30m", "--alert-clear", help="an alert episode ends after this long with no alerting score"
+        ),
         no_register: bool = typer.Option(False, "--no-register", help="skip MLflow logging and registration"),
         seed: int = typer.Option(0, "--seed"),
     ) -> None:
@@ -56,6 +59,7 @@ def register(app: typer.Typer) -> None:
             cadence_ms=int(parse_duration(cadence).total_seconds() * 1000),
             budget_per_1000_node_days=budget,
             censor_ms=int(option_seconds(censor, "--censor") * 1000),
+            clear_ms=int(option_seconds(alert_clear, "--alert-clear") * 1000),
             seed=seed,
         )
         print_table(json.loads((out / "metrics.json").read_text()))

@@ -99,6 +99,8 @@ def test_cli_train_and_evaluate_a_registered_model(mlflow_server, tmp_path):
             mlflow_server,
             "--censor",
             "3h",
+            "--alert-clear",
+            "20m",
             "--out",
             str(tmp_path / "run"),
         ],
@@ -108,6 +110,7 @@ def test_cli_train_and_evaluate_a_registered_model(mlflow_server, tmp_path):
     info = json.loads((tmp_path / "run" / "metrics.json").read_text())["_info"]
     version = info["registry"]["version"]
     assert info["censor_ms"] == 3 * 3_600_000 and info["cadence_ms"] == 60_000
+    assert info["alert_clear_ms"] == 20 * 60_000
     assert f"version {version}" in result.output
     result = runner.invoke(
         app,
@@ -129,5 +132,6 @@ def test_cli_train_and_evaluate_a_registered_model(mlflow_server, tmp_path):
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["_info"]["model_version"] == version
     assert metrics["_info"]["cadence_ms"] == 300_000  # --cadence overrides the training cadence
+    assert metrics["_info"]["alert_clear_ms"] == 20 * 60_000  # episodes end as they did in training
     assert all(0 <= metrics[p]["pr_auc"] <= 1 for p in ("model", "rules", "logistic"))
     assert (tmp_path / "eval" / "report.md").exists()
