@@ -11,9 +11,10 @@ Definitions (used for every predictor alike, so the numbers compare):
   calm (``mitigator.policy``). The 30 min were chosen on validation (llama3, 14 days, 5-min rows):
   at the 1 per 1,000 node-days budget, failures caught were 58 with no clearing time, 65 with
   15 min, 66 with 30 min and 66 with 60 min.
-- An episode is a **true alert** when at least one of its rows is labelled 1, i.e. the node
-  failed within H after that row; otherwise it is a **false alarm**. ``precision_at_budget`` is
-  true episodes / all episodes. Clearing time never makes an alarm true: only alerting rows count.
+- An episode is a **true alert** when at least one of its alerting rows is labelled 1, i.e. the
+  node failed within H after that row; otherwise it is a **false alarm** (the quiet time after
+  its last alerting row never makes it true). ``precision_at_budget`` is true episodes / all
+  episodes.
 - **False alarms per 1,000 node-days** divides by the scored node-time: rows x cadence.
 - A **failure** is evaluated when at least one scored row lies in ``[f - H, f)`` (its positive
   rows). It is **caught** when one of those rows alerts, and its **lead time** is ``f`` minus the

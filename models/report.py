@@ -95,7 +95,8 @@ def write_report(
         "## Model vs baselines",
         "",
         "Thresholds were chosen on validation for the false-alarm budget "
-        f"(score thresholds: {thresholds}). Recall is per failure; precision per alert episode.",
+        f"(score thresholds: {thresholds}). Recall is per failure; precision per alert episode "
+        "(an episode ends after `alert_clear_ms` with no alerting row, or when the node's rows break).",
         "",
         metrics_table(metrics),
         "",
