@@ -8,6 +8,7 @@ it has handled, so a crash replays uncommitted records instead of losing them.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 
 from kafka import ConsumerRebalanceListener, KafkaAdminClient, KafkaConsumer, KafkaProducer
@@ -97,11 +98,26 @@ class KafkaConsumerMember:
             heartbeat_interval_ms=1_000,
         )
         settings.update(config)
-        if on_assign is None:
-            self._consumer = KafkaConsumer(*topics, **settings)
-        else:
-            self._consumer = KafkaConsumer(**settings)
-            self._consumer.subscribe(list(topics), listener=_AssignListener(on_assign))
+        self._consumer = KafkaConsumer(**settings)
+        # Learn every topic's partitions before joining the group. The member that leads a
+        # rebalance assigns from its own metadata; one that joined before its first metadata
+        # response assigned nothing ("No partition metadata for topic") and left a new member
+        # idle until a later refresh (seen in CI: two `foreshock serve` started together).
+        for topic in topics:
+            self._consumer.partitions_for_topic(topic)
+        self._on_assign = on_assign
+        self._handover = threading.Lock()
+        self._pending: set[tuple[str, int]] | None = None
+        listener = None if on_assign is None else _AssignListener(self._hand_over)
+        self._consumer.subscribe(list(topics), listener=listener)
+
+    def _hand_over(self, assigned: set[tuple[str, int]]) -> None:
+        """kafka-python 3 calls rebalance listeners on its IO thread, while the application may be
+        mid-cycle on its own; so the new assignment is only handed over here, and :meth:`poll`
+        gives it to ``on_assign`` on the caller's thread (the :data:`ingest.bus.AssignListener`
+        contract). Returning at once also keeps the IO thread's heartbeats on time."""
+        with self._handover:
+            self._pending = assigned
 
     def poll(self, timeout_s: float = 1.0, max_records: int = 10_000) -> list[Message]:
         batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
@@ -111,7 +127,20 @@ class KafkaConsumerMember:
                 Message(tp.topic, tp.partition, r.offset, r.key.decode() if r.key else None, r.value)
                 for r in records
             )
-        return out
+        with self._handover:
+            assigned, self._pending = self._pending, None
+        if assigned is None or self._on_assign is None:
+            return out
+        # A rebalance landed during this poll. Give back what it read of the new assignment (the
+        # next poll reads it again), then let the listener restore state and seek: it sees the
+        # assignment before any record of it, as the Bus contract promises.
+        first: dict[tuple[str, int], int] = {}
+        for m in out:
+            if (m.topic, m.partition) in assigned:
+                first.setdefault((m.topic, m.partition), m.offset)
+        self.seek(first)
+        self._on_assign(assigned)
+        return []
 
     def commit(self, messages: Iterable[Message]) -> None:
         offsets = {
@@ -122,9 +151,12 @@ class KafkaConsumerMember:
             self._consumer.commit(offsets)
 
     def seek(self, positions: dict[tuple[str, int], int]) -> None:
-        """Move to explicit offsets (a service restoring a checkpoint that recorded them)."""
+        """Move to explicit offsets (a service restoring a checkpoint that recorded them); a
+        partition that a newer rebalance has already taken away is left alone."""
+        owned = self._consumer.assignment()
         for (t, p), pos in positions.items():
-            self._consumer.seek(TopicPartition(t, p), pos)
+            if TopicPartition(t, p) in owned:
+                self._consumer.seek(TopicPartition(t, p), pos)
 
     def assignment(self) -> set[tuple[str, int]]:
         return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}

@@ -120,3 +120,38 @@ def test_bad_input_lands_in_dead_letters_and_nothing_else_is_lost(kafka_bootstra
     assert "node" in reasons[bad["no-node"]]
     assert all(letter.topic == Topic.GPU and letter.offset is not None for letter in letters)
     bus.close()
+
+
+def test_a_member_knows_its_topics_partitions_before_it_joins(kafka_bootstrap, group_id):
+    """A member that leads a rebalance assigns from its own metadata: joined without it, it once
+    assigned nothing and left a second `foreshock serve` idle (CI). Metadata must come first."""
+    bus = KafkaBus(kafka_bootstrap)
+    member = bus.consumer(group_id, [Topic.GPU, Topic.XID], on_assign=lambda _: None)
+    try:
+        cluster = member._consumer._cluster  # what the assignor reads; no poll has run yet
+        assert all(cluster.partitions_for_topic(t) for t in (Topic.GPU, Topic.XID))
+    finally:
+        member.close()
+
+
+def test_the_assignment_reaches_the_listener_on_the_polling_thread_before_its_records(
+        kafka_bootstrap, group_id):
+    """kafka-python 3 runs rebalance listeners on its IO thread; a stateful consumer (the risk
+    service) must instead see its new assignment in its own thread, before any of its records."""
+    bus = KafkaBus(kafka_bootstrap)
+    publish(bus, _scrape(0, 0))
+    bus.flush()
+    calls: list[tuple[threading.Thread, set, int]] = []
+    read: list = []
+    member = bus.consumer(group_id, [Topic.GPU],
+                          on_assign=lambda a: calls.append((threading.current_thread(), a, len(read))))
+    try:
+        deadline = time.monotonic() + 60
+        while not read and time.monotonic() < deadline:
+            read.extend(member.poll(0.5))
+        assert read, "no record within 60 s"
+        thread, assigned, records_before = calls[0]
+        assert thread is threading.current_thread() and records_before == 0
+        assert (Topic.GPU, read[0].partition) in assigned
+    finally:
+        member.close()

@@ -92,7 +92,8 @@ class Serve:
     def describe(self) -> str:
         """Scores, partitions and log tail: what a timed-out wait reports about this process."""
         try:
-            state = f"partitions {self.partitions_owned()}, nodes {sorted(self.nodes().items())}"
+            state = (f"ready: {self.get('/readyz').json()['reason']}; partitions {self.partitions_owned()}, "
+                     f"nodes {sorted(self.nodes().items())}")
         except (httpx.TransportError, AssertionError) as exc:
             state = f"API unreachable ({exc})"
         return f"--- serve :{self.port} (exit {self.proc.poll()}): {state}\n{self.log.read_text()[-4000:]}"
@@ -256,7 +257,8 @@ def test_two_processes_split_the_nodes_and_the_survivor_takes_over(kafka_bootstr
     a = Serve(tmp_path, kafka_bootstrap, mlflow_server, "pair")
     b = Serve(tmp_path, kafka_bootstrap, mlflow_server, "pair")
     procs += [a, b]
-    wait_for("both ready", lambda: a.ready() and b.ready(), timeout=90)
+    wait_for("both ready", lambda: a.ready() and b.ready(), timeout=90,
+             explain=lambda: f"{a.describe()}\n{b.describe()}")
 
     def split():
         # the group has settled (each owns some partitions, together all of them) and both have
