@@ -14,7 +14,7 @@ TABLE_COLUMNS = (
     ("recall_at_budget", "recall@budget (failures)"),
     ("precision_at_budget", "precision@budget (episodes)"),
     ("false_alarms_per_1000_node_days", "false alarms /1000 node-days"),
-    ("median_lead_minutes", "median lead (min)"),
+    ("median_lead_minutes", "median lead, 95 % interval (min)"),
     ("detectable_recall", "recall, detectable"),
     ("undetectable_recall", "recall, undetectable"),
 )
@@ -29,6 +29,9 @@ def _cell(key: str, m: dict[str, Any]) -> str:
         return "-"
     if key == "recall_at_budget":
         return f"{value:.2f} ({m['caught']}/{m['failures']})"
+    if key == "median_lead_minutes" and m.get("median_lead_minutes_ci95"):
+        low, high = m["median_lead_minutes_ci95"]
+        return f"{value:.1f} ({low:.1f}–{high:.1f})"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 

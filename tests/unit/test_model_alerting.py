@@ -99,3 +99,16 @@ def test_an_alarm_is_true_only_through_an_alerting_row_in_the_horizon():
     assert (m["alert_episodes"], m["false_alarms"], m["lead_minutes"]) == (1, 0, [55.0])
     m = rows.at_threshold(_score(rows.frame, [("n0", 20), ("n0", 35)]), 0.5)  # held past minute 40
     assert (m["alert_episodes"], m["false_alarms"], m["caught"]) == (1, 1, 0)
+
+
+def test_median_interval_brackets_the_median_and_narrows_with_more_catches():
+    from models.alerting import median_interval
+
+    rng = np.random.default_rng(1)
+    few, many = rng.uniform(0, 60, 12), rng.uniform(0, 60, 1_200)
+    for leads in (few, many):
+        low, high = median_interval(leads)
+        assert low <= np.median(leads) <= high
+    assert np.diff(median_interval(many))[0] < np.diff(median_interval(few))[0] / 3
+    assert median_interval(few) == median_interval(few)  # seeded: a report is reproducible
+    assert median_interval(np.array([7.0])) is None
