@@ -37,15 +37,17 @@ DAY_MS = 86_400_000
 ALERT_CLEAR_MS = 30 * 60_000
 
 
-def episode_starts(stretch: np.ndarray, ts: np.ndarray, clear_ms: int) -> np.ndarray:
+def episode_starts(stretch: np.ndarray, ts: np.ndarray, clear_ms: int, cadence_ms: int) -> np.ndarray:
     """For alerting rows sorted by ``(stretch, ts)``, True where a row opens a new alert episode.
 
     A *stretch* labels one node's unbroken run of scored rows (a new node, or the node coming back
     from down time, is a new stretch). A row opens an episode when it is the first alerting row of
-    its stretch or comes more than ``clear_ms`` after the previous one.
+    its stretch or comes more than ``clear_ms`` after the previous one; rows one cadence apart
+    never split an episode, whatever ``clear_ms`` (0 ends an episode at the first dip).
     """
+    gap = max(clear_ms, int(1.5 * cadence_ms))
     start = np.ones(ts.size, dtype=bool)
-    start[1:] = (stretch[1:] != stretch[:-1]) | (np.diff(ts) > clear_ms)
+    start[1:] = (stretch[1:] != stretch[:-1]) | (np.diff(ts) > gap)
     return start
 
 
@@ -87,8 +89,8 @@ class EvalRows:
         idx = np.flatnonzero(alert)
         if idx.size == 0:
             return 0, 0
-        gap = max(self.clear_ms, int(1.5 * self.cadence_ms))  # adjacent rows never split an episode
-        starts = np.flatnonzero(episode_starts(self._stretch[idx], self._ts[idx], gap))
+        start = episode_starts(self._stretch[idx], self._ts[idx], self.clear_ms, self.cadence_ms)
+        starts = np.flatnonzero(start)
         true = np.maximum.reduceat(self.label[idx], starts)
         return int(starts.size), int(np.count_nonzero(true == 0))
 

@@ -166,6 +166,7 @@ def run_demo(s: DemoSettings, *, live: bool = True, say: Callable[[str], None] =
         gpus_per_node=sim.gpus,
         profile=sim.profile.name,
         model=model,
+        score_every_ms=s.score_every_ms,
         checkpoint_s=s.checkpoint_s,
         migration_s=s.migration_s,
         restart_s=s.restart_s,

@@ -103,7 +103,7 @@ class DemoReport:
 
 
 def _episodes(
-    scores: list[Any], horizon_ms: int, clear_ms: int, failures: dict[str, list[int]]
+    scores: list[Any], horizon_ms: int, clear_ms: int, period_ms: int, failures: dict[str, list[int]]
 ) -> tuple[int, int]:
     """Alert episodes (a node's alerting scores until ``clear_ms`` passes without one, as in
     ``models.alerting``) and those with no alerting score followed by a failure within the horizon."""
@@ -114,7 +114,7 @@ def _episodes(
     episodes = false = 0
     for node, times in alerting.items():
         ts = np.array(sorted(times), dtype=np.int64)
-        ids = np.cumsum(episode_starts(np.zeros(ts.size), ts, clear_ms))
+        ids = np.cumsum(episode_starts(np.zeros(ts.size), ts, clear_ms, period_ms))
         true = [any(0 < f - t <= horizon_ms for f in failures.get(node, [])) for t in ts.tolist()]
         episodes += int(ids[-1])
         false += int(ids[-1]) - len(set(ids[np.array(true)].tolist()))
@@ -130,6 +130,7 @@ def build_report(
     gpus_per_node: int,
     profile: str,
     model: Any,
+    score_every_ms: int,
     checkpoint_s: float,
     migration_s: float,
     restart_s: float,
@@ -178,7 +179,7 @@ def build_report(
         for ts, a in acted
         if a.kind == "migrate" and not any(0 <= f - ts <= horizon_ms for f in by_node.get(a.node, []))
     ]
-    episodes, false = _episodes(state.scores, horizon_ms, clear_ms_of(model), by_node)
+    episodes, false = _episodes(state.scores, horizon_ms, clear_ms_of(model), score_every_ms, by_node)
     actions: dict[str, int] = {}
     for _, a in acted:
         actions[a.kind] = actions.get(a.kind, 0) + 1

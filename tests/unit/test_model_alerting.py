@@ -112,3 +112,12 @@ def test_median_interval_brackets_the_median_and_narrows_with_more_catches():
     assert np.diff(median_interval(many))[0] < np.diff(median_interval(few))[0] / 3
     assert median_interval(few) == median_interval(few)  # seeded: a report is reproducible
     assert median_interval(np.array([7.0])) is None
+
+
+def test_consecutive_rows_stay_one_episode_even_with_no_clearing_time():
+    from models.alerting import episode_starts
+
+    ts = np.array([0, 1, 2, 5, 6]) * MIN  # a node alerting at minutes 0-2, then 5-6
+    assert episode_starts(np.zeros(5), ts, 0, MIN).tolist() == [True, False, False, True, False]
+    assert episode_starts(np.zeros(5), ts, 30 * MIN, MIN).tolist() == [True, False, False, False, False]
+    assert episode_starts(np.array([0, 0, 0, 1, 1]), ts, 30 * MIN, MIN).tolist()[3]  # node back from down
