@@ -30,3 +30,8 @@ def option_seconds(text: str, flag: str) -> float:
         return parse_duration(text).total_seconds()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint=flag) from None
+
+
+def option_ms(text: str, flag: str) -> int:
+    """Milliseconds of a duration flag (see :func:`option_seconds`)."""
+    return int(option_seconds(text, flag) * 1000)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from foreshock.commands.durations import option_seconds, parse_duration
+from foreshock.commands.durations import option_ms, parse_duration
 
 _TRACKING_HELP = "MLflow tracking URI (default: sqlite:///<data dir>/mlflow.db)"
 
@@ -56,10 +56,10 @@ def register(app: typer.Typer) -> None:
             tracking_uri=tracking_uri or sqlite_uri(data),
             dask_address=dask,
             register=not no_register,
-            cadence_ms=int(parse_duration(cadence).total_seconds() * 1000),
+            cadence_ms=option_ms(cadence, "--cadence"),
             budget_per_1000_node_days=budget,
-            censor_ms=int(option_seconds(censor, "--censor") * 1000),
-            clear_ms=int(option_seconds(alert_clear, "--alert-clear") * 1000),
+            censor_ms=option_ms(censor, "--censor"),
+            clear_ms=option_ms(alert_clear, "--alert-clear"),
             seed=seed,
         )
         print_table(json.loads((out / "metrics.json").read_text()))
@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
         from models.report import print_table
 
         risk_model = RiskModel.load(model, tracking_uri=tracking_uri or sqlite_uri(data))
-        cadence_ms = int(option_seconds(cadence, "--cadence") * 1000) if cadence else None
+        cadence_ms = option_ms(cadence, "--cadence") if cadence else None
         metrics = run_evaluation(risk_model, data, out, dask_address=dask, cadence_ms=cadence_ms)
         print_table(metrics)
         typer.echo(f"report: {out / 'report.md'}")
