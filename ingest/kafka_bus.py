@@ -121,6 +121,7 @@ class KafkaConsumerMember:
 
     def poll(self, timeout_s: float = 1.0, max_records: int = 10_000) -> list[Message]:
         batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        self._resume_stalled_join()
         out: list[Message] = []
         for tp, records in batches.items():
             out.extend(
@@ -141,6 +142,20 @@ class KafkaConsumerMember:
         self.seek(first)
         self._on_assign(assigned)
         return []
+
+    def _resume_stalled_join(self) -> None:
+        """Work around a kafka-python 3.0.12 bug, the client side of KAFKA-9815 (fixed in the Java
+        client): a rejoin that the group leader starts because topic metadata changed does not set
+        ``rejoin_needed``. When its JoinGroup/SyncGroup round trip outlives the poll that sent
+        it, no later poll collects the result: the member stays mid-rebalance with heartbeats off
+        until the broker drops it, and meanwhile keeps reading the partitions it had (seen in CI
+        as two ``foreshock serve`` processes that both owned every partition). Asking for the
+        rejoin, as the Java client does, makes the next poll finish it."""
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        if getattr(coordinator, "_join_task", None) is not None and not coordinator.rejoin_needed:
+            log.warning("consumer group %s: a rejoin was left unfinished; asking for it again",
+                        coordinator.group_id)
+            coordinator.request_rejoin()
 
     def commit(self, messages: Iterable[Message]) -> None:
         offsets = {

@@ -7,9 +7,11 @@ the feature engines, the model source and the checkpoint store, and passes them 
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -82,6 +84,9 @@ def serve(
     from predictor.model_source import ModelMismatchError, model_source
     from predictor.service import RiskService, ServiceConfig
 
+    # `kill -USR1 PID` writes every thread's stack to stderr: what a stuck loop is waiting on
+    # (the consumer, the broker, a lock) can be read from a live process without restarting it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     sys.setswitchinterval(0.0005)  # the API thread waits less for the GIL held by the scoring loop
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kafka", "mlflow", "urllib3"):

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from ingest.contract import DeadLetter, GpuSample, Topic
-from ingest.kafka_bus import KafkaBus
+from ingest.kafka_bus import KafkaBus, ensure_topics
 from ingest.stream import RecordStream, publish
 
 pytestmark = pytest.mark.integration
@@ -154,4 +154,34 @@ def test_the_assignment_reaches_the_listener_on_the_polling_thread_before_its_re
         assert thread is threading.current_thread() and records_before == 0
         assert (Topic.GPU, read[0].partition) in assigned
     finally:
+        member.close()
+
+
+def test_a_rebalance_started_by_new_partitions_finishes_even_when_polls_are_short(kafka_bootstrap, group_id):
+    """kafka-python 3.0.12 left a metadata-triggered rejoin unfinished once its round trip outlived
+    the poll that sent it: the member kept its old partitions and stopped heartbeating (CI: two
+    `foreshock serve` that both owned every partition). Short polls make that the usual case."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewPartitions
+
+    topic = f"grow-{group_id}"
+    ensure_topics(kafka_bootstrap, [topic], partitions=4)
+    owned: list[set] = []
+    member = KafkaBus(kafka_bootstrap).consumer(group_id, [topic], on_assign=owned.append,
+                                                metadata_max_age_ms=300)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        deadline = time.monotonic() + 60
+        while not owned and time.monotonic() < deadline:
+            member.poll(0.5)
+        assert owned and len(owned[-1]) == 4
+        admin.create_partitions({topic: NewPartitions(total_count=6)})
+        for _ in range(3_000):  # the leader notices the new partitions and rejoins between polls
+            member.poll(0.001)
+        deadline = time.monotonic() + 30
+        while len(owned[-1]) < 6 and time.monotonic() < deadline:
+            member.poll(0.5)
+        assert owned[-1] == {(topic, p) for p in range(6)}
+    finally:
+        admin.close()
         member.close()

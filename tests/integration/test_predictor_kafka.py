@@ -64,7 +64,7 @@ class Serve:
         cmd = [sys.executable, "-m", "foreshock", "serve", "--kafka", bootstrap, "--model", CHAMPION_URI,
                "--tracking-uri", tracking, "--port", str(self.port), "--group", group,
                "--checkpoint-dir", str(tmp / f"ckpt-{group}"), "--checkpoint-every", "1s",
-               "--score-every", PERIOD, "--reload-every", "1s", "--log-level", "warning", *extra]
+               "--score-every", PERIOD, "--reload-every", "1s", "--log-level", "info", *extra]
         env = {**os.environ, "FORESHOCK_API_TOKEN": TOKEN}
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env=env)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=5)
@@ -96,7 +96,10 @@ class Serve:
                      f"nodes {sorted(self.nodes().items())}")
         except (httpx.TransportError, AssertionError) as exc:
             state = f"API unreachable ({exc})"
-        return f"--- serve :{self.port} (exit {self.proc.poll()}): {state}\n{self.log.read_text()[-4000:]}"
+        if self.proc.poll() is None:  # serve dumps its threads' stacks on SIGUSR1
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+        return f"--- serve :{self.port} (exit {self.proc.poll()}): {state}\n{self.log.read_text()[-12000:]}"
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
