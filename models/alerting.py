@@ -22,6 +22,9 @@ Definitions (used for every predictor alike, so the numbers compare):
   ``median_lead_minutes_ci95`` is a bootstrap interval of the median lead over caught failures.
 - The **budget threshold** is the lowest threshold whose false-alarm rate on the given rows
   (validation, when training) stays within the budget.
+- **Recall at equal false-alarm rates** (``recall_at_rates``) sets each predictor's threshold on
+  the evaluated rows themselves for each of a few rates, so predictors whose validation
+  thresholds spend different budgets on new data can still be compared like for like.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["EvalRows", "DAY_MS", "ALERT_CLEAR_MS", "episode_starts", "median_interval"]
+__all__ = ["EvalRows", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES", "episode_starts", "median_interval"]
 
 DAY_MS = 86_400_000
 ALERT_CLEAR_MS = 30 * 60_000
+EQUAL_RATES = (1.0, 2.0, 5.0, 10.0)  # false alarms per 1,000 node-days for ``recall_at_rates``
 
 
 def episode_starts(stretch: np.ndarray, ts: np.ndarray, clear_ms: int, cadence_ms: int) -> np.ndarray:
@@ -99,24 +103,58 @@ class EvalRows:
         days = self.node_days
         return self.episodes(alert)[1] / days * 1000.0 if days else 0.0
 
-    def threshold_for_budget(self, score: np.ndarray, budget_per_1000_node_days: float) -> float:
-        """Lowest threshold (among ~400 rank-spaced candidates) whose false-alarm rate is within
-        budget; above every score (no alerts) when even the top score breaks it."""
+    def sweep(self, score: np.ndarray, max_rate: float) -> list[tuple[float, float, int]]:
+        """``(threshold, false alarms per 1,000 node-days, failures caught)`` from the top score
+        down, over every distinct score or ~400 rank-spaced ones, until the rate has stayed above
+        ``max_rate`` for 25 candidates in a row (it only grows from there, bar small wobbles)."""
         desc = np.unique(score)[::-1]
-        if desc.size == 0:
-            return 1.0
-        ranks = np.unique(np.geomspace(1, desc.size, num=min(400, desc.size)).astype(int)) - 1
-        chosen = float(np.nextafter(desc[0], np.inf))
+        if desc.size <= 400:
+            ranks = np.arange(desc.size)
+        else:
+            ranks = np.unique(np.geomspace(1, desc.size, 400).astype(int)) - 1
+        out: list[tuple[float, float, int]] = []
         over = 0
         for r in ranks:
             thr = float(desc[r])
-            if self.false_alarm_rate(score >= thr) <= budget_per_1000_node_days:
-                chosen, over = thr, 0
-            else:
-                over += 1
-                if over >= 25:  # the rate only grows from here on, bar small wobbles
-                    break
-        return chosen
+            alert = score >= thr
+            rate = self.false_alarm_rate(alert)
+            out.append((thr, rate, self._caught(alert).sum().item()))
+            over = over + 1 if rate > max_rate else 0
+            if over >= 25:
+                break
+        return out
+
+    def threshold_for_budget(self, score: np.ndarray, budget_per_1000_node_days: float) -> float:
+        """Lowest candidate threshold (see :meth:`sweep`) whose false-alarm rate is within budget;
+        above every score (no alerts) when even the top score breaks it."""
+        within = [thr for thr, rate, _ in self.sweep(score, budget_per_1000_node_days)
+                  if rate <= budget_per_1000_node_days]
+        if within:
+            return min(within)
+        return float(np.nextafter(score.max(), np.inf)) if score.size else 1.0
+
+    def recall_at_rates(self, score: np.ndarray, rates: tuple[float, ...] = EQUAL_RATES) -> dict[str, dict]:
+        """Per false-alarm rate: the most failures caught by a threshold that keeps false alarms
+        per 1,000 node-days at or under it, the threshold set on *these* rows.
+
+        Not an operating point (nobody can tune on data still to come), but the fair way to set
+        predictors side by side on a dataset where their validation thresholds spend different
+        budgets: equal false alarms, compare what they catch.
+        """
+        points = self.sweep(score, max(rates))
+        nf = len(self.failures)
+        out: dict[str, dict] = {}
+        for cap in rates:  # the most caught; among equals the highest threshold (fewest alerts)
+            caught, thr, rate = max(((c, t, r) for t, r, c in points if r <= cap), default=(0, None, 0.0))
+            out[f"{cap:g}"] = {"caught": caught, "failures": nf, "recall": caught / nf if nf else None,
+                               "false_alarms_per_1000_node_days": rate, "threshold": thr}
+        return out
+
+    def _caught(self, alert: np.ndarray) -> np.ndarray:
+        """Per failure in :attr:`failures`: whether one of its positive rows alerts."""
+        caught = np.zeros(len(self.failures), dtype=bool)
+        caught[self._failure_of_pos[alert[self._pos_rows]]] = True
+        return caught
 
     def at_threshold(self, score: np.ndarray, threshold: float) -> dict:
         """Operating-point metrics (see the module docstring) for one threshold."""
@@ -124,10 +162,9 @@ class EvalRows:
         n_ep, n_false = self.episodes(alert)
         pos_alert = alert[self._pos_rows]
         nf = len(self.failures)
-        caught = np.zeros(nf, dtype=bool)
+        caught = self._caught(alert)
         first_alert = np.full(nf, np.iinfo(np.int64).max, dtype=np.int64)
         hit = self._failure_of_pos[pos_alert]
-        caught[hit] = True
         np.minimum.at(first_alert, hit, self._ts[self._pos_rows][pos_alert])
         fts = self.failures["failure_ts"].to_numpy(dtype=np.int64)
         lead = (fts[caught] - first_alert[caught]) / 60_000.0

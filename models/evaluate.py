@@ -4,8 +4,9 @@ For each predictor (``model``, ``rules``, ``logistic``) and each part of the dat
 ROC-AUC per row, then the operating point at the threshold chosen on *validation* for the
 false-alarm budget (recall and precision, false alarms per 1,000 node-days, lead times, recall
 per failure cause and for detectable vs undetectable failures; definitions in
-:mod:`models.alerting`). :func:`evaluate` applies a trained model and its stored baselines, with
-their stored thresholds, to any other dataset, so the budget is tested where it was not tuned.
+:mod:`models.alerting`), and recall at a few equal false-alarm rates. :func:`evaluate` applies a
+trained model and its stored baselines, with their stored thresholds, to any other dataset, so
+the budget is tested where it was not tuned.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def predictor_metrics(rows: EvalRows, score: np.ndarray, threshold: float) -> di
         "roc_auc": float(roc_auc_score(y, score)) if both else None,
     }
     out.update(rows.at_threshold(score, threshold))
+    out["recall_at_false_alarm_rates"] = rows.recall_at_rates(score)
     return out
 
 

@@ -82,6 +82,19 @@ def _cause_table(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _equal_rates_table(metrics: dict[str, Any]) -> str:
+    """Failures caught by each predictor at equal false-alarm rates (thresholds set on these rows)."""
+    rates = sorted(metrics["model"].get("recall_at_false_alarm_rates", {}), key=float)  # JSON: "10" < "2"
+    lines = ["| predictor | " + " | ".join(f"≤ {r} false alarms /1000 node-days" for r in rates) + " |",
+             "|---|" + "---|" * len(rates)]
+    for p in PREDICTORS:
+        at = metrics[p].get("recall_at_false_alarm_rates", {})
+        lines.append(f"| {p} | " + " | ".join(
+            f"{at[r]['recall']:.2f} ({at[r]['caught']}/{at[r]['failures']})" if at.get(r, {}).get("recall")
+            is not None else "-" for r in rates) + " |")
+    return "\n".join(lines)
+
+
 def write_report(
     out_dir: Path, metrics: dict[str, Any], plots: list[Path], title: str, plotted_part: str
 ) -> Path:
@@ -102,6 +115,13 @@ def write_report(
         "(an episode ends after `alert_clear_ms` with no alerting row, or when the node's rows break).",
         "",
         metrics_table(metrics),
+        "",
+        f"## Recall at equal false-alarm rates ({plotted_part})",
+        "",
+        "Each predictor's threshold set on these rows for each rate: not an operating point, but "
+        "the like-for-like comparison where the validation thresholds spend different budgets.",
+        "",
+        _equal_rates_table(metrics),
         "",
         f"## Recall per failure cause ({plotted_part})",
         "",

@@ -85,6 +85,17 @@ def test_budget_threshold_is_the_lowest_within_budget():
     assert rows.threshold_for_budget(score, 0.0) >= rows.threshold_for_budget(score, 200.0)
 
 
+def test_recall_at_equal_false_alarm_rates_sets_the_threshold_on_the_rows_themselves():
+    rows = EvalRows(_frame(), MIN)
+    one = 1 / rows.node_days * 1000  # one false alarm per 1,000 node-days on these 200 minutes
+    score = _score(rows.frame, [("n1", 5)]) * 0.9 + _score(rows.frame, [("n0", 70)]) * 0.8
+    at = rows.recall_at_rates(score, rates=(0.0, one, 2 * one))
+    assert at["0"] == {"caught": 0, "failures": 1, "recall": 0.0, "false_alarms_per_1000_node_days": 0.0,
+                       "threshold": None}  # every threshold that alerts at all pays n1's false alarm
+    assert at[f"{one:g}"]["caught"] == 1 and at[f"{one:g}"]["threshold"] == 0.8  # the highest that catches
+    assert at[f"{2 * one:g}"]["caught"] == 1
+
+
 def test_a_dip_shorter_than_the_clearing_time_does_not_open_a_new_alarm():
     alerting = [("n1", m) for m in (10, 11, 30, 31, 70)]  # dips of 18 min, then 38 min
     for clear_ms, episodes in ((30 * MIN, 2), (0, 3)):

@@ -49,6 +49,9 @@ def test_train_writes_report_plots_metrics_and_model(trained):
         assert set(metrics[predictor]["by_split"]) == {"val", "test_unseen_nodes"}
     report = (out / "report.md").read_text()
     assert "| test | model |" in report and "| test | rules |" in report and "| test | logistic |" in report
+    at = metrics["model"]["recall_at_false_alarm_rates"]
+    assert set(at) == {"1", "2", "5", "10"} and at["10"]["caught"] >= at["1"]["caught"]
+    assert "| model | " + f"{at['1']['recall']:.2f} ({at['1']['caught']}/{at['1']['failures']})" in report
     assert model.version == "" and 0 < model.threshold <= 1
 
 
