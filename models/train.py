@@ -354,11 +354,15 @@ def train_from_dataset(
 
 
 def _flat_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """``<predictor>.<part>.<metric>`` for every numeric scalar (MLflow metric names)."""
+    """``<predictor>.<part>.<metric>`` for every numeric scalar (MLflow metric names), and the
+    recall at each equal false-alarm rate as ``...recall_at_false_alarm_rate_<rate>``."""
     out: dict[str, float] = {}
     for p in PREDICTORS:
         for part, m in {"test": metrics[p], **metrics[p]["by_split"]}.items():
             for key, value in m.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     out[f"{p}.{part}.{key}"] = float(value)
+            for rate, at in m.get("recall_at_false_alarm_rates", {}).items():
+                if at["recall"] is not None:
+                    out[f"{p}.{part}.recall_at_false_alarm_rate_{rate}"] = float(at["recall"])
     return out

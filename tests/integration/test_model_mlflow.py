@@ -58,6 +58,9 @@ def test_champion_moves_only_when_the_new_model_wins(synthetic_cluster, mlflow_s
     assert run.data.params["feature_set_hash"] == good.feature_set_hash
     assert len(run.data.params["dataset_fingerprint"]) == 16
     assert run.data.metrics["model.test.pr_auc"] > run.data.metrics["rules.test.pr_auc"]
+    equal_rate = json.loads((tmp_path / "good" / "metrics.json").read_text())["model"]["by_split"]["val"]
+    assert run.data.metrics["model.val.recall_at_false_alarm_rate_5"] == \
+        equal_rate["recall_at_false_alarm_rates"]["5"]["recall"]
     logged = {a.path for a in client.list_artifacts(mv.run_id)}
     assert {"metrics.json", "report.md", "pr_curves.png", "importance_shap.png"} <= logged
     local = RiskModel.load(f"models:/{MODEL_NAME}/1", tracking_uri=mlflow_server)
