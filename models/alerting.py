@@ -16,6 +16,10 @@ Definitions (used for every predictor alike, so the numbers compare):
   its last alerting row never makes it true). ``precision_at_budget`` is true episodes / all
   episodes.
 - **False alarms per 1,000 node-days** divides by the scored node-time: rows x cadence.
+  ``false_alarms_after_return`` counts those that start within :data:`AFTER_RETURN_MS` after the
+  node came back from repair (``returned_ts`` from :mod:`models.labels`): their windows may still
+  hold the burst that preceded the failure, a class of alarm that no amount of training on a
+  profile with slow repairs teaches the model to avoid.
 - A **failure** is evaluated when at least one scored row lies in ``[f - H, f)`` (its positive
   rows). It is **caught** when one of those rows alerts, and its **lead time** is ``f`` minus the
   first such alerting row's ``ts`` (so 0 < lead <= H). ``recall_at_budget`` is caught / evaluated.
@@ -34,11 +38,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["EvalRows", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES", "episode_starts", "median_interval"]
+__all__ = ["EvalRows", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES", "AFTER_RETURN_MS", "episode_starts",
+           "median_interval"]
 
 DAY_MS = 86_400_000
 ALERT_CLEAR_MS = 30 * 60_000
 EQUAL_RATES = (1.0, 2.0, 5.0, 10.0)  # false alarms per 1,000 node-days for ``recall_at_rates``
+AFTER_RETURN_MS = 60 * 60_000  # ``false_alarms_after_return``: the longest error-counter window
 
 
 def episode_starts(stretch: np.ndarray, ts: np.ndarray, clear_ms: int, cadence_ms: int) -> np.ndarray:
@@ -82,6 +88,8 @@ class EvalRows:
         key = pd.MultiIndex.from_frame(self.failures[["node", "failure_ts"]])
         self._failure_of_pos = key.get_indexer(pd.MultiIndex.from_frame(pos[["node", "failure_ts"]]))
         self._pos_rows = np.flatnonzero(self.label == 1)
+        returned = f["returned_ts"] if "returned_ts" in f else pd.Series(pd.NA, index=f.index)
+        self._returned = returned.astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
 
     @property
     def node_days(self) -> float:
@@ -90,13 +98,17 @@ class EvalRows:
 
     def episodes(self, alert: np.ndarray) -> tuple[int, int]:
         """(episodes, false alarms) for a boolean alert vector."""
+        first, true = self._episodes(alert)
+        return int(first.size), int(np.count_nonzero(~true))
+
+    def _episodes(self, alert: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each episode's first row (an index into :attr:`frame`) and whether it is a true alert."""
         idx = np.flatnonzero(alert)
         if idx.size == 0:
-            return 0, 0
+            return idx, np.zeros(0, dtype=bool)
         start = episode_starts(self._stretch[idx], self._ts[idx], self.clear_ms, self.cadence_ms)
         starts = np.flatnonzero(start)
-        true = np.maximum.reduceat(self.label[idx], starts)
-        return int(starts.size), int(np.count_nonzero(true == 0))
+        return idx[starts], np.maximum.reduceat(self.label[idx], starts) > 0
 
     def false_alarm_rate(self, alert: np.ndarray) -> float:
         """False alarms per 1,000 node-days."""
@@ -159,7 +171,9 @@ class EvalRows:
     def at_threshold(self, score: np.ndarray, threshold: float) -> dict:
         """Operating-point metrics (see the module docstring) for one threshold."""
         alert = score >= threshold
-        n_ep, n_false = self.episodes(alert)
+        first, true = self._episodes(alert)
+        n_ep, n_false = int(first.size), int(np.count_nonzero(~true))
+        since_return = self._ts[first[~true]] - self._returned[first[~true]]
         pos_alert = alert[self._pos_rows]
         nf = len(self.failures)
         caught = self._caught(alert)
@@ -179,6 +193,7 @@ class EvalRows:
             "alert_episodes": n_ep,
             "false_alarms": n_false,
             "false_alarms_per_1000_node_days": n_false / self.node_days * 1000.0 if self.node_days else 0.0,
+            "false_alarms_after_return": int(np.count_nonzero(since_return <= AFTER_RETURN_MS)),
             "row_recall_at_budget": tp_rows / int(self.label.sum()) if self.label.any() else None,
             "row_precision_at_budget": tp_rows / n_alert_rows if n_alert_rows else None,
             "median_lead_minutes": float(np.median(lead)) if lead.size else None,

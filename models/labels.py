@@ -12,6 +12,10 @@ Rows are left out when the answer is not a question an operator would ask, or no
   therefore dropped, together with the fatal Xid it would show.
 - in the last H of the recording (``end_ms - H < t``): a failure there could lie after the end
   of the data, so a 0 would be a guess (right-censoring).
+
+Each row also carries ``returned_ts``, the node's last ``repaired``/``up`` event at or before it:
+the evaluation counts the false alarms raised soon after a node came back, whose windows may
+still hold the burst that preceded its failure. It is never a feature.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ __all__ = ["UNAVAILABLE_EVENTS", "AVAILABLE_EVENTS", "failures", "label_rows"]
 
 UNAVAILABLE_EVENTS = frozenset({"failed", "down", "drained"})
 AVAILABLE_EVENTS = frozenset({"repaired", "up"})
-LABEL_COLUMNS = ("label", "failure_ts", "cause", "detectable")
+LABEL_COLUMNS = ("label", "failure_ts", "cause", "detectable", "returned_ts")
 
 
 def failures(events: pd.DataFrame) -> pd.DataFrame:
@@ -54,7 +58,8 @@ def label_rows(
     ``rows`` needs ``node`` and ``ts`` (epoch ms) and may carry anything else (features);
     ``events`` is the dataset's node-event table. Adds ``label`` (int8), ``failure_ts`` (the next
     failure's instant, NA when none follows), and the next failure's ``cause`` and ``detectable``
-    (NA unless the label is 1). ``end_ms`` defaults to the last row's ``ts``.
+    (NA unless the label is 1), and ``returned_ts`` (the node's last return before the row, NA when
+    none). ``end_ms`` defaults to the last row's ``ts``.
     """
     if horizon_ms <= 0:
         raise ValueError("horizon must be positive")
@@ -70,6 +75,8 @@ def label_rows(
     # Several events at one instant: the last one in table order wins, so sort stably.
     state = _asof(rows, lifecycle[["node", "ts", "_down"]], "backward", True)["_down"]
     down = state.fillna(False).to_numpy(dtype=bool)
+    back = lifecycle.loc[~lifecycle["_down"], ["node", "ts"]]
+    returned_ts = _asof(rows, back.assign(returned_ts=back["ts"]), "backward", True)["returned_ts"]
 
     fail = failures(events).rename(columns={"ts": "failure_ts"})
     fail = fail.assign(ts=fail["failure_ts"])
@@ -84,5 +91,6 @@ def label_rows(
         failure_ts=failure_ts.to_numpy(),
         cause=nxt["cause"].where(positive).astype("object").to_numpy(),
         detectable=nxt["detectable"].where(positive).astype("object").to_numpy(),
+        returned_ts=returned_ts.astype("Int64").to_numpy(),
     )
     return out.loc[keep].reset_index(drop=True)

@@ -116,6 +116,10 @@ def write_report(
         "",
         metrics_table(metrics),
         "",
+        f"False alarms that start within an hour after the node came back from repair ({plotted_part}): "
+        + ", ".join(f"{p} {metrics[p].get('false_alarms_after_return', '-')} of {metrics[p]['false_alarms']}"
+                    for p in PREDICTORS) + ".",
+        "",
         f"## Recall at equal false-alarm rates ({plotted_part})",
         "",
         "Each predictor's threshold set on these rows for each rate: not an operating point, but "

@@ -96,6 +96,17 @@ def test_recall_at_equal_false_alarm_rates_sets_the_threshold_on_the_rows_themse
     assert at[f"{2 * one:g}"]["caught"] == 1
 
 
+def test_false_alarms_soon_after_a_return_from_repair_are_counted_apart():
+    frame = _frame()
+    back = (frame["node"] == "n1") & (frame["ts"] >= 40 * MIN)
+    frame["returned_ts"] = pd.array(np.where(back, 40 * MIN, 0), dtype="Int64")
+    frame.loc[~back, "returned_ts"] = pd.NA  # n1 came back at minute 40; nothing before
+    rows = EvalRows(frame, MIN)
+    m = rows.at_threshold(_score(rows.frame, [("n1", 5), ("n1", 45)]), 0.5)  # 40 min apart: two alarms
+    assert (m["false_alarms"], m["false_alarms_after_return"]) == (2, 1)
+    assert EvalRows(_frame(), MIN).at_threshold(np.ones(200), 0.5)["false_alarms_after_return"] == 0
+
+
 def test_a_dip_shorter_than_the_clearing_time_does_not_open_a_new_alarm():
     alerting = [("n1", m) for m in (10, 11, 30, 31, 70)]  # dips of 18 min, then 38 min
     for clear_ms, episodes in ((30 * MIN, 2), (0, 3)):

@@ -35,6 +35,9 @@ def test_positive_exactly_when_failure_in_open_closed_horizon():
     assert 200 * MIN not in out.index and 299 * MIN not in out.index
     assert out.loc[300 * MIN, "label"] == 0
     assert (out["label"] == 1).sum() == 60
+    # when the node last came back: for the evaluation's count of alarms right after a repair
+    assert pd.isna(out.loc[199 * MIN, "returned_ts"]) and out.loc[300 * MIN, "returned_ts"] == 300 * MIN
+    assert out.loc[339 * MIN, "returned_ts"] == 300 * MIN
 
 
 def test_down_and_drained_rows_left_out_and_other_nodes_untouched():

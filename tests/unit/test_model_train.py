@@ -52,6 +52,9 @@ def test_train_writes_report_plots_metrics_and_model(trained):
     at = metrics["model"]["recall_at_false_alarm_rates"]
     assert set(at) == {"1", "2", "5", "10"} and at["10"]["caught"] >= at["1"]["caught"]
     assert "| model | " + f"{at['1']['recall']:.2f} ({at['1']['caught']}/{at['1']['failures']})" in report
+    after = metrics["model"]["false_alarms_after_return"]
+    assert 0 <= after <= metrics["model"]["false_alarms"]
+    assert f"model {after} of {metrics['model']['false_alarms']}" in report
     assert model.version == "" and 0 < model.threshold <= 1
 
 
