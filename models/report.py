@@ -67,7 +67,29 @@ def print_table(metrics: dict[str, Any]) -> None:
     for part, by_pred in _parts(metrics).items():
         for name, m in by_pred.items():
             table.add_row(part, name, *(_cell(k, m) for k, _ in TABLE_COLUMNS))
-    Console(width=200).print(table)
+    console = Console(width=200)
+    console.print(table)
+    rates = _rates(metrics)
+    if rates:
+        equal = Table(title="failures caught at equal false-alarm rates",
+                      caption="false alarms per 1,000 node-days; each threshold set on these rows")
+        for header in ("predictor", *(f"≤ {r}" for r in rates)):
+            equal.add_column(header)
+        for p in PREDICTORS:
+            equal.add_row(p, *_rate_cells(metrics[p], rates))
+        console.print(equal)
+
+
+def _rates(metrics: dict[str, Any]) -> list[str]:
+    """The false-alarm rates of ``recall_at_false_alarm_rates``, in numeric order (JSON sorts
+    "10" before "2")."""
+    return sorted(metrics["model"].get("recall_at_false_alarm_rates", {}), key=float)
+
+
+def _rate_cells(m: dict[str, Any], rates: list[str]) -> list[str]:
+    at = m.get("recall_at_false_alarm_rates", {})
+    return [f"{at[r]['recall']:.2f} ({at[r]['caught']}/{at[r]['failures']})"
+            if at.get(r, {}).get("recall") is not None else "-" for r in rates]
 
 
 def _cause_table(metrics: dict[str, Any]) -> str:
@@ -84,14 +106,11 @@ def _cause_table(metrics: dict[str, Any]) -> str:
 
 def _equal_rates_table(metrics: dict[str, Any]) -> str:
     """Failures caught by each predictor at equal false-alarm rates (thresholds set on these rows)."""
-    rates = sorted(metrics["model"].get("recall_at_false_alarm_rates", {}), key=float)  # JSON: "10" < "2"
+    rates = _rates(metrics)
     lines = ["| predictor | " + " | ".join(f"≤ {r} false alarms /1000 node-days" for r in rates) + " |",
              "|---|" + "---|" * len(rates)]
     for p in PREDICTORS:
-        at = metrics[p].get("recall_at_false_alarm_rates", {})
-        lines.append(f"| {p} | " + " | ".join(
-            f"{at[r]['recall']:.2f} ({at[r]['caught']}/{at[r]['failures']})" if at.get(r, {}).get("recall")
-            is not None else "-" for r in rates) + " |")
+        lines.append(f"| {p} | " + " | ".join(_rate_cells(metrics[p], rates)) + " |")
     return "\n".join(lines)
 
 

@@ -110,6 +110,7 @@ def test_cli_train_and_evaluate_a_registered_model(mlflow_server, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "model vs baselines" in result.output and "logistic" in result.output
+    assert "failures caught at equal false-alarm rates" in result.output
     info = json.loads((tmp_path / "run" / "metrics.json").read_text())["_info"]
     version = info["registry"]["version"]
     assert info["censor_ms"] == 3 * 3_600_000 and info["cadence_ms"] == 60_000
