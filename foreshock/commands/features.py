@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from foreshock.commands.durations import parse_duration
+from foreshock.commands.durations import option_ms
 
 __all__ = ["register"]
 
@@ -28,7 +28,7 @@ def features(
     from features import DEFAULT_FEATURE_SET
     from features.batch import compute_features, compute_features_dask
 
-    cadence_ms = int(parse_duration(cadence).total_seconds() * 1000)
+    cadence_ms = option_ms(cadence, "--cadence")
     try:
         if dask is None:
             table = compute_features(data, cadence_ms=cadence_ms, progress=True)

@@ -18,11 +18,7 @@ from pathlib import Path
 
 import typer
 
-from foreshock.commands.durations import parse_duration
-
-
-def _ms(text: str) -> int:
-    return int(parse_duration(text).total_seconds() * 1000)
+from foreshock.commands.durations import option_ms
 
 
 def read_token(token_file: Path | None) -> str | None:
@@ -98,10 +94,12 @@ def serve(
     else:
         bus = InMemoryBus()
         _feed_simulation(bus, simulate_nodes, speed)
-    engines = OnlineEngines(DEFAULT_FEATURE_SET, tolerance_ms=_ms(tolerance))
-    config = ServiceConfig(group=group, score_every_ms=_ms(score_every), lateness_ms=_ms(lateness),
-                           checkpoint_every_s=_ms(checkpoint_every) / 1000,
-                           reload_every_s=_ms(reload_every) / 1000, max_records=max_poll_records)
+    engines = OnlineEngines(DEFAULT_FEATURE_SET, tolerance_ms=option_ms(tolerance, "--tolerance"))
+    config = ServiceConfig(group=group, score_every_ms=option_ms(score_every, "--score-every"),
+                           lateness_ms=option_ms(lateness, "--lateness"),
+                           checkpoint_every_s=option_ms(checkpoint_every, "--checkpoint-every") / 1000,
+                           reload_every_s=option_ms(reload_every, "--reload-every") / 1000,
+                           max_records=max_poll_records)
     store = CheckpointStore(checkpoint_dir, engines.load) if checkpoint_dir else None
     try:
         service = RiskService(bus, engines, model_source(model, tracking_uri), config=config,
