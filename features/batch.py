@@ -4,7 +4,8 @@ Rows are computed per group of nodes (bounded memory; the unit Dask distributes)
 the group's records (:func:`features.buckets.bucketize`), lay the buckets on a dense
 (node, bucket) grid per statistic, and evaluate every feature at every tick through the
 kernel table. A tick ``t`` (a multiple of ``cadence_ms``) sees the records with ``ts < t``;
-a node has a row at ``t`` when it sent a record in ``[t - live_ms, t)``.
+a node has a row at ``t`` when it sent a record in ``[t - live_ms, t)``. A node's windows read
+nothing from before its last return to service (:mod:`features.returns`).
 
 Reductions take exact shortcuts the online engine cannot: prefix sums for integer-valued
 statistics, max/min by doubling, a running position for ``last``; float sums (mean, std,
@@ -29,8 +30,9 @@ from features.buckets import Carry, bucketize
 from features.default_set import DEFAULT_FEATURE_SET
 from features.frames import KINDS, Codes, needed_columns, to_columns
 from features.kernels import AGGREGATIONS, EXACT_STAT_KINDS, add_peer_features, empty_value, reduce_direct
+from features.returns import return_times, window_floors
 from features.spec import FeatureSet, Reduction
-from ingest.dataset import part_paths, read_manifest
+from ingest.dataset import part_paths, read_events, read_manifest
 
 __all__ = ["compute_features", "compute_features_dask", "feature_rows", "tick_range", "read_frames"]
 
@@ -119,8 +121,39 @@ class _Grid:
         return self._levels[(op, p)]
 
 
-def _reduce(r: Reduction, grids: dict[Any, _Grid], w: int, ends: np.ndarray) -> np.ndarray:
-    """Reduction ``r`` over the ``w`` buckets before each of ``ends`` -> (nodes, ticks)."""
+def _reduce(
+    r: Reduction, grids: dict[Any, _Grid], w: int, ends: np.ndarray, floor: np.ndarray | None
+) -> np.ndarray:
+    """Reduction ``r`` over the ``w`` buckets before each of ``ends`` -> (nodes, ticks), reading
+    no bucket before ``floor`` (nodes, ticks; grid columns) where one is given."""
+    out = _reduce_full(r, grids, w, ends)
+    if floor is not None:
+        _reduce_floored(r, grids, w, ends, floor, out)
+    return out
+
+
+def _reduce_floored(
+    r: Reduction, grids: dict[Any, _Grid], w: int, ends: np.ndarray, floor: np.ndarray, out: np.ndarray
+) -> None:
+    """Redo, in ``out``, the windows that begin before their node's floor: the buckets before it
+    read as empty, and the window goes through the reference kernel, as the online engine's does."""
+    nodes, cols = np.nonzero(floor > (ends - w)[None, :])
+    step = max(1, _WINDOW_BYTES // (w * 8))
+    offsets = np.arange(w)
+    for i in range(0, len(nodes), step):
+        n, c = nodes[i : i + step], cols[i : i + step]
+        buckets = (ends[c] - w)[:, None] + offsets
+        before = buckets < floor[n, c][:, None]
+        win, aux = (
+            None if s is None else np.where(before, empty_value(s), grids[s].x[n[:, None], buckets])
+            for s in (r.stat, r.aux)
+        )
+        assert win is not None
+        out[n, c] = reduce_direct(r.op, win, aux)
+
+
+def _reduce_full(r: Reduction, grids: dict[Any, _Grid], w: int, ends: np.ndarray) -> np.ndarray:
+    """Reduction ``r`` over all ``w`` buckets before each of ``ends`` -> (nodes, ticks)."""
     g = grids[r.stat]
     starts = ends - w
     if r.op == "sum" and r.stat.kind in EXACT_STAT_KINDS:
@@ -147,8 +180,13 @@ def _reduce(r: Reduction, grids: dict[Any, _Grid], w: int, ends: np.ndarray) -> 
     )
 
 
-def feature_rows(frames: dict[str, pd.DataFrame], ticks: np.ndarray, fs: FeatureSet) -> pd.DataFrame:
-    """Base features (no peers) of the nodes in ``frames`` at ``ticks``: the per-partition step."""
+def feature_rows(
+    frames: dict[str, pd.DataFrame], ticks: np.ndarray, fs: FeatureSet, returns: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """Base features (no peers) of the nodes in ``frames`` at ``ticks``: the per-partition step.
+
+    ``returns`` (``node``, ``ts``: :func:`features.returns.return_times`) start windows afresh
+    when ``fs.reset_on_return``; returns of other nodes are ignored."""
     nodes = Codes(sorted(set().union(*(f["node"].unique() for f in frames.values()))) if frames else [])
     if not len(nodes) or not len(ticks):
         return pd.DataFrame(columns=["node", "ts", *[f.name for f in fs.features]])
@@ -167,11 +205,17 @@ def feature_rows(frames: dict[str, pd.DataFrame], ticks: np.ndarray, fs: Feature
         x[rows_node, rows_col] = table.values[keep, j]
         grids[s] = _Grid(x)
     ends = (ticks // b - b_lo).astype(np.int64)
+    floor = None
+    if fs.reset_on_return and returns is not None:
+        mine = returns[returns["node"].isin(set(nodes.names))]
+        if len(mine):
+            at = nodes.lookup(mine["node"])
+            floor = window_floors(at, mine["ts"].to_numpy(np.int64), len(nodes), ticks, b) - b_lo
     t = np.broadcast_to(ticks.astype(np.float64), (len(nodes), len(ticks)))
-    live = _reduce(Reduction("sum", fs.records_stat), grids, fs.live_ms // b, ends) > 0
+    live = _reduce(Reduction("sum", fs.records_stat), grids, fs.live_ms // b, ends, floor) > 0
     values = np.empty((int(live.sum()), len(fs.features)))
     for j, (f, w, reductions) in enumerate(fs.plan):
-        reduced = [_reduce(r, grids, w, ends) for r in reductions]
+        reduced = [_reduce(r, grids, w, ends, floor) for r in reductions]
         values[:, j] = AGGREGATIONS[f.agg].finalize(reduced, f, t, b)[live]
     node_idx, tick_idx = np.nonzero(live)
     out = pd.DataFrame(values, columns=[f.name for f in fs.features])
@@ -249,6 +293,7 @@ def compute_features(
     gpu: pd.DataFrame | None = None,
     xid: pd.DataFrame | None = None,
     link: pd.DataFrame | None = None,
+    events: pd.DataFrame | None = None,
     feature_set: FeatureSet = DEFAULT_FEATURE_SET,
     cadence_ms: int = 60_000,
     start_ms: int | None = None,
@@ -263,8 +308,11 @@ def compute_features(
     group's telemetry) or the given frames. ``cadence_ms`` must be a multiple of
     ``feature_set.bucket_ms``. All records before ``start_ms`` still feed the windows.
     ``peer_groups`` (node -> group, e.g. its job) scopes the peer features; default: the cluster.
+    ``events`` (the node-event table; read from ``data_dir`` when not given) says where windows
+    start afresh (:mod:`features.returns`).
     """
     frames = {k: v for k, v in zip(KINDS, (gpu, xid, link), strict=True) if v is not None and len(v)}
+    returns = _returns(data_dir, events)
     ticks, groups = _plan(data_dir, frames, feature_set, cadence_ms, start_ms, end_ms, nodes_per_group)
     step = _progress(progress, len(groups), "features")
     parts = []
@@ -273,13 +321,22 @@ def compute_features(
             sub = read_frames(data_dir, feature_set, group if len(groups) > 1 else None)
         else:
             sub = {k: f[f["node"].isin(set(group))] for k, f in frames.items()} if len(groups) > 1 else frames
-        parts.append(feature_rows({k: f for k, f in sub.items() if len(f)}, ticks, feature_set))
+        parts.append(feature_rows({k: f for k, f in sub.items() if len(f)}, ticks, feature_set, returns))
         step()
     return _finish(parts, feature_set, peer_groups)
 
 
-def _partition(data_dir: str, nodes: list[str], ticks: np.ndarray, fs: FeatureSet) -> pd.DataFrame:
-    return feature_rows(read_frames(data_dir, fs, nodes), ticks, fs)
+def _returns(data_dir: str | Path | None, events: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The return events of ``events``, or of the dataset's node-event table."""
+    if events is None and data_dir is not None:
+        events = read_events(data_dir)
+    return return_times(events) if events is not None else None
+
+
+def _partition(
+    data_dir: str, nodes: list[str], ticks: np.ndarray, fs: FeatureSet, returns: pd.DataFrame | None
+) -> pd.DataFrame:
+    return feature_rows(read_frames(data_dir, fs, nodes), ticks, fs, returns)
 
 
 def compute_features_dask(
@@ -304,10 +361,12 @@ def compute_features_dask(
     from distributed import Client, as_completed
 
     ticks, groups = _plan(data_dir, {}, feature_set, cadence_ms, start_ms, end_ms, nodes_per_group)
+    returns = _returns(data_dir, None)
     client = client_or_address if isinstance(client_or_address, Client) else Client(client_or_address)
     try:
         futures = [
-            client.submit(_partition, str(data_dir), g, ticks, feature_set, pure=False) for g in groups
+            client.submit(_partition, str(data_dir), g, ticks, feature_set, returns, pure=False)
+            for g in groups
         ]
         step = _progress(progress, len(futures), "features (dask)")
         parts = []

@@ -15,12 +15,15 @@ import pandas as pd
 
 from features.buckets import gpu_columns, link_columns
 from features.spec import FeatureSet
-from ingest.contract import GpuSample, LinkSample, XidEvent
+from ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent
 
-__all__ = ["KINDS", "Codes", "needed_columns", "to_columns", "records_to_frames"]
+__all__ = ["KINDS", "EVENTS", "Codes", "needed_columns", "to_columns", "records_to_frames"]
 
 KINDS: Final = ("gpu", "xid", "link")
-_RECORD_KIND: Final = {GpuSample: "gpu", XidEvent: "xid", LinkSample: "link"}
+"""The telemetry kinds that feed bucket statistics."""
+EVENTS: Final = "events"
+"""Node lifecycle events: not telemetry, but they say where windows start (:mod:`features.returns`)."""
+_RECORD_KIND: Final = {GpuSample: "gpu", XidEvent: "xid", LinkSample: "link", NodeEvent: EVENTS}
 
 
 class Codes:
@@ -110,13 +113,15 @@ def needed_columns(kind: str, fs: FeatureSet) -> list[str]:
         return ["node", "ts", "gpu", *gpu_columns(fs)]
     if kind == "xid":
         return ["node", "ts", "gpu", "xid", "count"]
+    if kind == EVENTS:
+        return ["node", "ts", "event"]
     return ["node", "ts", "port", "state", *link_columns(fs)]
 
 
 def records_to_frames(records: Iterable[Any], fs: FeatureSet) -> dict[str, pd.DataFrame]:
-    """Group contract records by kind into dataset-layout frames of the columns ``fs`` reads
-    (the rest are never turned into columns: this is the online engine's hot path); other
-    record types are ignored."""
+    """Group contract records by kind (:data:`KINDS` and :data:`EVENTS`) into dataset-layout
+    frames of the columns ``fs`` reads (the rest are never turned into columns: this is the
+    online engine's hot path); other record types are ignored."""
     by_type: dict[type, list[Any]] = {}
     for r in records:
         if type(r) in _RECORD_KIND:

@@ -12,6 +12,10 @@ still-open buckets, which are kept on the side (:class:`~features.buckets.Partia
 take in each update's records as they come. When every record with ts < floor(t / bucket) *
 bucket has arrived (true once the watermark passes t + tolerance, for streams disordered by at
 most the tolerance), its row for a node equals the batch engine's row at that tick.
+
+Node events bring no statistics, only where a node's windows start (its last return to service,
+:mod:`features.returns`): reads cut the windows, so a return event may arrive late and still
+count, and the batch row stays the same as long as the event has arrived by the read.
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ import pandas as pd
 
 from features.buckets import BucketTable, Carry, PartialBuckets, bucketize
 from features.default_set import DEFAULT_FEATURE_SET
-from features.frames import KINDS, Codes, records_to_frames, to_columns
+from features.frames import EVENTS, KINDS, Codes, records_to_frames, to_columns
 from features.kernels import AGGREGATIONS, add_peer_features, empty_value, reduce_direct
+from features.returns import return_times, window_floors
 from features.spec import FeatureSet, Stat
 
 __all__ = ["OnlineFeatureEngine"]
 
-_FORMAT: Final = "foreshock-online-features/1"
+_FORMAT: Final = "foreshock-online-features/2"
 
 
 def _joined(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
@@ -84,22 +89,28 @@ class OnlineFeatureEngine:
             r: np.array([empty_value(s) for s in group])[:, None, None] for r, group in by_len.items()
         }
         self._rings = {r: np.broadcast_to(self._fill[r], (len(g), 0, r)).copy() for r, g in by_len.items()}
+        # each node's returns to service (node codes, ts) that a window held here may still reach
+        self._returns = (np.empty(0, np.int64), np.empty(0, np.int64))
 
     # -- updates -----------------------------------------------------------------------------
     def update(self, records: Any) -> None:
-        """Add contract records (GpuSample, XidEvent, LinkSample; other types are ignored).
+        """Add contract records (GpuSample, XidEvent, LinkSample, NodeEvent; other types are
+        ignored).
 
         The records form one micro-batch: their order inside it does not matter.
         """
         self.update_frames(records_to_frames(records, self.feature_set))
 
     def update_frame(self, kind: str, frame: pd.DataFrame) -> None:
-        """Add one micro-batch of ``kind`` (``gpu``, ``xid``, ``link``) in dataset-layout columns."""
+        """Add one micro-batch of ``kind`` (``gpu``, ``xid``, ``link``, ``events``) in
+        dataset-layout columns."""
         self.update_frames({kind: frame})
 
     def update_frames(self, frames: Mapping[str, pd.DataFrame]) -> None:
         """Add one micro-batch of several kinds at once (order inside it does not matter)."""
-        added = {kind: self._add(kind, frame) for kind, frame in frames.items()}
+        if EVENTS in frames:
+            self._add_returns(frames[EVENTS])
+        added = {kind: self._add(kind, frame) for kind, frame in frames.items() if kind != EVENTS}
         if self._open is not None:
             fresh = [added.get(kind) for kind in KINDS]
             if self._open.follows(*fresh):
@@ -125,6 +136,18 @@ class OnlineFeatureEngine:
         self._pending[kind].append(cols)
         self._watermark = max(self._watermark, int(cols["ts"].max()))
         return cols
+
+    def _add_returns(self, events: pd.DataFrame) -> None:
+        """Remember the return events among node events. A late one is not dropped: windows are
+        cut at read time, so it still applies to every read after it arrived."""
+        returns = return_times(events)
+        if len(returns) and self.feature_set.reset_on_return:
+            node = self._nodes.encode(returns["node"])
+            self._grow(len(self._nodes))
+            self._returns = (
+                np.r_[self._returns[0], node],
+                np.r_[self._returns[1], returns["ts"].to_numpy(np.int64)],
+            )
 
     def _grow(self, n: int) -> None:
         for r, ring in self._rings.items():
@@ -191,6 +214,10 @@ class OnlineFeatureEngine:
             r, i = self._ring_of[s]
             self._rings[r][i, table.node, table.bucket % r] = table.values[:, j]
         self._frontier = target
+        # a return no later than the oldest bucket any ring holds can no longer cut a window
+        node, ts = self._returns
+        reach = -(-ts // self.feature_set.bucket_ms) > target - max(self._rings)
+        self._returns = (node[reach], ts[reach])
 
     # -- queries -----------------------------------------------------------------------------
     @property
@@ -203,18 +230,24 @@ class OnlineFeatureEngine:
         return list(self._nodes.names)
 
     def state_bytes(self) -> int:
-        """Bytes of state: rings, counter carries, the reorder buffer and the open buckets' statistics."""
+        """Bytes of state: rings, counter carries, returns, the reorder buffer and the open buckets'
+        statistics."""
         pending = sum(v.nbytes for chunks in self._pending.values() for c in chunks for v in c.values())
         return int(
             sum(r.nbytes for r in self._rings.values())
             + self._carry.gpu.nbytes
             + self._carry.link.nbytes
+            + self._returns[0].nbytes
+            + self._returns[1].nbytes
             + pending
             + (self._open.nbytes if self._open is not None else 0)
         )
 
-    def _window(self, s: Stat, w: int, end: int, rows: np.ndarray, open_table: BucketTable) -> np.ndarray:
-        """Buckets [end - w, end) of ``s`` for node codes ``rows`` -> (len(rows), w), oldest first."""
+    def _window(
+        self, s: Stat, w: int, end: int, rows: np.ndarray, open_table: BucketTable, floor: np.ndarray
+    ) -> np.ndarray:
+        """Buckets [end - w, end) of ``s`` for node codes ``rows`` -> (len(rows), w), oldest first;
+        those before a row's ``floor`` (:mod:`features.returns`) read as empty."""
         r, i = self._ring_of[s]
         frontier = self._frontier if self._frontier is not None else end
         if end - w < frontier - r:
@@ -238,6 +271,9 @@ class OnlineFeatureEngine:
             win[pos[open_table.node[hit]], open_table.bucket[hit] - (end - w)] = open_table.values[
                 hit, self.feature_set.stat_index[s]
             ]
+        cut = np.flatnonzero(floor > end - w)  # rows whose window begins before their floor
+        if len(cut):
+            win[cut] = np.where(idx[None, :] < floor[cut, None], self._fill[r][i, 0, 0], win[cut])
         return win
 
     def features_at(
@@ -264,17 +300,16 @@ class OnlineFeatureEngine:
         else:
             open_table = bucketize(fs, None, None, None, Carry())
         everyone = np.arange(len(self._nodes))
-        live = (
-            reduce_direct("sum", self._window(fs.records_stat, fs.live_ms // b, end, everyone, open_table))
-            > 0
-        )
+        floor = window_floors(*self._returns, len(self._nodes), np.array([end * b]), b)[:, 0]
+        records = self._window(fs.records_stat, fs.live_ms // b, end, everyone, open_table, floor)
+        live = reduce_direct("sum", records) > 0
         names = np.asarray(self._nodes.names, dtype=object)
         rows = everyone[live][np.argsort(names[live], kind="stable")]  # node order, as the batch engine
         cache: dict[tuple[Stat, int], np.ndarray] = {}
 
         def window(s: Stat, w: int) -> np.ndarray:
             if (s, w) not in cache:
-                cache[(s, w)] = self._window(s, w, end, rows, open_table)
+                cache[(s, w)] = self._window(s, w, end, rows, open_table, floor[rows])
             return cache[(s, w)]
 
         t = np.full(len(rows), float(end * b))
@@ -316,6 +351,8 @@ class OnlineFeatureEngine:
             "ports": np.asarray(self._ports.names, dtype=str),
             "carry_gpu": self._carry.gpu,
             "carry_link": self._carry.link,
+            "returns_node": self._returns[0],
+            "returns_ts": self._returns[1],
         }
         n = len(self._nodes)
         for r, ring in self._rings.items():
@@ -346,6 +383,7 @@ class OnlineFeatureEngine:
             engine._nodes = Codes(data["nodes"].tolist())
             engine._ports = Codes(data["ports"].tolist())
             engine._carry = Carry(data["carry_gpu"], data["carry_link"])
+            engine._returns = (data["returns_node"], data["returns_ts"])
             engine._grow(len(engine._nodes))
             for r in meta["rings"]:
                 saved = data[f"ring_{r}"]

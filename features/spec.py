@@ -167,6 +167,10 @@ class FeatureSet:
     ``xid_classes`` maps a class name to its Xid codes; codes in no class count as ``other``
     (the public catalogues disagree, so the mapping is data, and part of the hash).
     ``live_ms``: a node has a row at tick t when it sent any record in [t - live_ms, t).
+    ``reset_on_return``: a node's windows start afresh when it comes back into service (a
+    ``repaired`` or ``up`` event at r): a row at t > r reads only the buckets that begin at or
+    after r. Without it, a node back from a quick repair still shows the burst that preceded
+    its failure, and raises a false alarm for a fault that was just fixed.
     """
 
     features: tuple[Feature, ...]
@@ -175,6 +179,7 @@ class FeatureSet:
     bucket_ms: int = 60_000
     live_ms: int = 300_000
     version: str = "1"
+    reset_on_return: bool = True
 
     def __post_init__(self) -> None:
         from features.kernels import AGGREGATIONS  # the kernel table validates the specs
@@ -233,6 +238,7 @@ class FeatureSet:
             "version": self.version,
             "bucket_ms": self.bucket_ms,
             "live_ms": self.live_ms,
+            "reset_on_return": self.reset_on_return,
             "xid_classes": {k: sorted(v) for k, v in sorted(self.xid_classes.items())},
             "features": [f.to_json() for f in self.features],
             "peers": [{"base": p.base.name, "kind": p.kind} for p in self.peers],
@@ -282,4 +288,6 @@ class FeatureSet:
         keep = set(names)
         feats = tuple(f for f in self.features if f.name in keep)
         peers = tuple(p for p in self.peers if p.name in keep and p.base in feats)
-        return FeatureSet(feats, peers, self.xid_classes, self.bucket_ms, self.live_ms, self.version)
+        return FeatureSet(
+            feats, peers, self.xid_classes, self.bucket_ms, self.live_ms, self.version, self.reset_on_return
+        )

@@ -24,6 +24,8 @@ __all__ = [
     "XidEvent",
     "LinkSample",
     "NodeEvent",
+    "UNAVAILABLE_EVENTS",
+    "RETURN_EVENTS",
     "FeatureContribution",
     "RiskScore",
     "MitigationEvent",
@@ -175,6 +177,12 @@ class NodeEvent(_Record):
     cause: str | None = None
     detectable: bool | None = None
     detail: str | None = None
+
+
+UNAVAILABLE_EVENTS: Final = frozenset({"failed", "down", "drained"})
+"""Events after which a node is out of service (not scored, not labelled) until it returns."""
+RETURN_EVENTS: Final = frozenset({"repaired", "up"})
+"""Events that bring a node back into service: its feature windows start afresh there."""
 
 
 class FeatureContribution(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -14,8 +14,9 @@ Rows are left out when the answer is not a question an operator would ask, or no
   of the data, so a 0 would be a guess (right-censoring).
 
 Each row also carries ``returned_ts``, the node's last ``repaired``/``up`` event at or before it:
-the evaluation counts the false alarms raised soon after a node came back, whose windows may
-still hold the burst that preceded its failure. It is never a feature.
+the evaluation counts the false alarms raised soon after a node came back (the feature windows
+start afresh at a return, so such an alarm is not an echo of the burst that preceded the
+failure). It is never a feature.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["UNAVAILABLE_EVENTS", "AVAILABLE_EVENTS", "failures", "label_rows"]
+from ingest.contract import RETURN_EVENTS, UNAVAILABLE_EVENTS
 
-UNAVAILABLE_EVENTS = frozenset({"failed", "down", "drained"})
-AVAILABLE_EVENTS = frozenset({"repaired", "up"})
+__all__ = ["failures", "label_rows"]
+
 LABEL_COLUMNS = ("label", "failure_ts", "cause", "detectable", "returned_ts")
 
 
@@ -69,7 +70,7 @@ def label_rows(
     rows = rows.reset_index(drop=True)
     end_ms = int(rows["ts"].max()) if end_ms is None and len(rows) else end_ms
     lifecycle = events.loc[
-        events["event"].isin(UNAVAILABLE_EVENTS | AVAILABLE_EVENTS), ["node", "ts", "event"]
+        events["event"].isin(UNAVAILABLE_EVENTS | RETURN_EVENTS), ["node", "ts", "event"]
     ]
     lifecycle = lifecycle.assign(_down=lifecycle["event"].isin(UNAVAILABLE_EVENTS))
     # Several events at one instant: the last one in table order wins, so sort stably.

@@ -105,7 +105,9 @@ def _same_as_restored(engine: OnlineFeatureEngine, t: int, tmp: Path) -> None:
 def test_reads_between_small_updates_equal_one_fold_and_the_batch_engine(seed, tolerance, batch_ms, which):
     fs = SETS[which]
     frames, arrival = make_stream(seed, tolerance)
-    batch = compute_features(gpu=frames["gpu"], xid=frames["xid"], link=frames["link"], feature_set=fs)
+    batch = compute_features(
+        gpu=frames["gpu"], xid=frames["xid"], link=frames["link"], events=frames["events"], feature_set=fs
+    )
     ticks = batch["ts"].unique()
     engine = OnlineFeatureEngine(fs, tolerance_ms=tolerance, history_ms=10 * M)
     first = min(int(a.min()) for a in arrival.values() if len(a))

@@ -2,7 +2,8 @@
 
 Streams have random gaps, arrivals out of order by up to the engine's tolerance, counter
 resets, missing fields, duplicate records (with different values: the last received wins) and
-Xid/link records, fed in random micro-batches through both update paths. The feature sets
+Xid/link records and node returns to service (which cut windows), fed in random micro-batches
+through both update paths. The feature sets
 enumerate the aggregation registry, so a new aggregation is covered without a new test.
 Also: save/restore mid-stream gives identical results, and late records are counted and dropped.
 """
@@ -23,7 +24,7 @@ from features.default_set import XID_CLASSES
 from features.kernels import AGGREGATIONS, add_peer_features
 from features.online import OnlineFeatureEngine
 from features.spec import GPU_COUNTERS
-from ingest.contract import GpuSample, LinkSample, XidEvent
+from ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent
 
 M = 60_000
 T0 = 1_767_225_600_000  # 2026-01-01
@@ -142,6 +143,14 @@ def make_stream(seed: int, tolerance_ms: int) -> tuple[dict[str, pd.DataFrame], 
                 )
                 link_rows.append(row)
     frames["link"] = pd.DataFrame(link_rows)
+    n_events = int(rng.integers(0, 4))  # returns cut windows; the other events change nothing
+    frames["events"] = pd.DataFrame(
+        {
+            "node": rng.choice(nodes, n_events).astype(object),
+            "ts": rng.integers(*span, n_events),
+            "event": rng.choice(["repaired", "up", "failed", "drained"], n_events).astype(object),
+        }
+    )
     arrival = {}
     for kind, df in frames.items():  # arrival = ts + jitter < tolerance: disorder bounded by it
         jitter = (
@@ -165,6 +174,8 @@ def _records(kind: str, df: pd.DataFrame) -> list:
             out.append(GpuSample(**{k: v for k, v in clean.items()}))
         elif kind == "xid":
             out.append(XidEvent(**{k: int(v) if k != "node" else v for k, v in clean.items()}))
+        elif kind == "events":
+            out.append(NodeEvent(node=clean["node"], ts=int(clean["ts"]), event=clean["event"]))
         else:
             clean.update({c: int(clean[c]) for c in LINKS if c in clean})
             out.append(LinkSample(**clean))
@@ -227,7 +238,12 @@ def test_online_equals_batch_on_random_streams(seed, tolerance, batch_ms, use_re
     nodes = sorted(frames["gpu"]["node"].unique())
     jobs = {n: f"job{i % 2}" for i, n in enumerate(nodes[1:])} if by_job else None  # nodes[0]: no job
     batch = compute_features(
-        gpu=frames["gpu"], xid=frames["xid"], link=frames["link"], feature_set=fs, peer_groups=jobs
+        gpu=frames["gpu"],
+        xid=frames["xid"],
+        link=frames["link"],
+        events=frames["events"],
+        feature_set=fs,
+        peer_groups=jobs,
     )
     engine = OnlineFeatureEngine(fs, tolerance_ms=tolerance, history_ms=10 * M)
     rng = np.random.default_rng(seed + 1)
@@ -259,8 +275,8 @@ def test_online_equals_batch_on_random_streams(seed, tolerance, batch_ms, use_re
 def test_save_and_restore_continue_exactly(tmp_path):
     fs = REGISTRY_SET
     frames, arrival = make_stream(7, 60_000)
-    first = min(int(a.min()) for a in arrival.values())
-    last = max(int(a.max()) for a in arrival.values()) + 1
+    first = min(int(a.min()) for a in arrival.values() if len(a))
+    last = max(int(a.max()) for a in arrival.values() if len(a)) + 1
     mid = (first + last) // 2
     straight = OnlineFeatureEngine(fs, tolerance_ms=60_000)
     stopped = OnlineFeatureEngine(fs, tolerance_ms=60_000)
@@ -317,8 +333,8 @@ def test_peer_columns_left_to_the_caller_are_the_only_difference():
     fs = REGISTRY_SET
     assert fs.peers, "the set must have peer features for this test to mean anything"
     frames, arrival = make_stream(3, 60_000)
-    first = min(int(a.min()) for a in arrival.values())
-    last = max(int(a.max()) for a in arrival.values()) + 1
+    first = min(int(a.min()) for a in arrival.values() if len(a))
+    last = max(int(a.max()) for a in arrival.values() if len(a)) + 1
     engine = OnlineFeatureEngine(fs, tolerance_ms=60_000)
     feed(engine, frames, arrival, first, last, False)
     t = (last // M) * M
