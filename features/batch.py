@@ -145,10 +145,9 @@ def _reduce_floored(
         buckets = (ends[c] - w)[:, None] + offsets
         before = buckets < floor[n, c][:, None]
         win, aux = (
-            None if s is None else np.where(before, empty_value(s), grids[s].x[n[:, None], buckets])
+            np.where(before, empty_value(s), grids[s].x[n[:, None], buckets]) if s is not None else None
             for s in (r.stat, r.aux)
         )
-        assert win is not None
         out[n, c] = reduce_direct(r.op, win, aux)
 
 
