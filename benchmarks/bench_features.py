@@ -38,7 +38,8 @@ PORTS = 4
 
 
 def telemetry(nodes: int, hours: float, seed: int = 0) -> dict[str, pd.DataFrame]:
-    """Synthetic dataset-layout frames: every GPU field, IB ports, a sprinkle of Xids."""
+    """Synthetic dataset-layout frames: every GPU field, IB ports, a sprinkle of Xids, and a
+    twentieth of the nodes coming back from repair (their windows are cut there)."""
     rng = np.random.default_rng(seed)
     steps = int(hours * 3_600_000 // INTERVAL)
     names = np.array([f"node{i:04d}" for i in range(nodes)], dtype=object)
@@ -79,7 +80,10 @@ def telemetry(nodes: int, hours: float, seed: int = 0) -> dict[str, pd.DataFrame
             "count": 1,
         }
     )
-    return {"gpu": gpu, "xid": xid, "link": link}
+    back = rng.choice(names, max(1, nodes // 20), replace=False)
+    back_ts = np.sort(rng.integers(T0 + 1, int(ts[-1]) + 1, len(back)))
+    events = pd.DataFrame({"node": back, "ts": back_ts, "event": "repaired"})
+    return {"gpu": gpu, "xid": xid, "link": link, "events": events}
 
 
 def _best(fn, repeat: int) -> tuple[float, object]:
@@ -94,16 +98,13 @@ def _best(fn, repeat: int) -> tuple[float, object]:
 
 def bench_online(nodes: int, hours: float, repeat: int) -> tuple[float, float, int]:
     frames = telemetry(nodes, hours, seed=1)
-    gpu, link, xid = frames["gpu"], frames["link"], frames["xid"]
-    g_ts, l_ts, x_ts = gpu["ts"].to_numpy(), link["ts"].to_numpy(), xid["ts"].to_numpy()
-    scrapes = np.unique(g_ts)
-    g_cut, l_cut, x_cut = (np.searchsorted(a, scrapes) for a in (g_ts, l_ts, x_ts))
-    batches = []
-    for i in range(len(scrapes)):  # one scrape of every node = one micro-batch
-        j = slice(g_cut[i], g_cut[i + 1] if i + 1 < len(scrapes) else len(gpu))
-        k = slice(l_cut[i], l_cut[i + 1] if i + 1 < len(scrapes) else len(link))
-        x = slice(x_cut[i], x_cut[i + 1] if i + 1 < len(scrapes) else len(xid))
-        batches.append({"gpu": gpu.iloc[j], "link": link.iloc[k], "xid": xid.iloc[x]})
+    scrapes = np.unique(frames["gpu"]["ts"].to_numpy())
+    cuts = {k: np.r_[np.searchsorted(f["ts"].to_numpy(), scrapes), len(f)] for k, f in frames.items()}
+    # one scrape of every node = one micro-batch, with the Xids and returns since the last one
+    batches = [
+        {k: f.iloc[cuts[k][i] : cuts[k][i + 1]] for k, f in frames.items()} for i in range(len(scrapes))
+    ]
+    gpu = frames["gpu"]
     best = float("inf")
     for _ in range(repeat):
         engine = OnlineFeatureEngine(tolerance_ms=INTERVAL)
@@ -161,7 +162,10 @@ def bench_batch(nodes: int, hours: float, repeat: int) -> dict[str, float]:
     frames = telemetry(nodes, hours, seed=2)
     n = len(frames["gpu"])
     full_s, full = _best(
-        lambda: compute_features(gpu=frames["gpu"], xid=frames["xid"], link=frames["link"]), repeat
+        lambda: compute_features(
+            gpu=frames["gpu"], xid=frames["xid"], link=frames["link"], events=frames["events"]
+        ),
+        repeat,
     )
     subset = DEFAULT_FEATURE_SET.select(
         [
