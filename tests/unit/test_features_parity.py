@@ -3,8 +3,8 @@
 Streams have random gaps, arrivals out of order by up to the engine's tolerance, counter
 resets, missing fields, duplicate records (with different values: the last received wins) and
 Xid/link records and node returns to service (which cut windows), fed in random micro-batches
-through both update paths. The feature sets
-enumerate the aggregation registry, so a new aggregation is covered without a new test.
+through both update paths. The feature sets enumerate the aggregation registry, so a new
+aggregation is covered without a new test.
 Also: save/restore mid-stream gives identical results, and late records are counted and dropped.
 """
 
