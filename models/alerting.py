@@ -17,9 +17,9 @@ Definitions (used for every predictor alike, so the numbers compare):
   episodes.
 - **False alarms per 1,000 node-days** divides by the scored node-time: rows x cadence.
   ``false_alarms_after_return`` counts those that start within :data:`AFTER_RETURN_MS` after the
-  node came back from repair (``returned_ts`` from :mod:`models.labels`): the check that a
-  feature set without :attr:`~features.spec.FeatureSet.reset_on_return` fails, its windows still
-  holding the burst that preceded the failure.
+  node came back from repair (``returned_ts`` from :mod:`models.labels`): alarms that echo the
+  burst before the failure, which a feature set without
+  :attr:`~features.spec.FeatureSet.reset_on_return` still holds in its windows.
 - A **failure** is evaluated when at least one scored row lies in ``[f - H, f)`` (its positive
   rows). It is **caught** when one of those rows alerts, and its **lead time** is ``f`` minus the
   first such alerting row's ``ts`` (so 0 < lead <= H). ``recall_at_budget`` is caught / evaluated.
