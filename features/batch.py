@@ -224,12 +224,20 @@ def feature_rows(
 
 
 def _finish(parts: list[pd.DataFrame], fs: FeatureSet, peer_groups: Mapping[str, str] | None) -> pd.DataFrame:
-    parts = [p for p in parts if len(p)]
-    if not parts:
+    """The groups' rows as one table sorted by (ts, node), with the peer features.
+
+    Empties ``parts``: each group's rows are freed once concatenated, so no more than two copies
+    of the table live at once (at one row a minute, 512 nodes x 14 days are 8 GB a copy).
+    """
+    nonempty = [p for p in parts if len(p)]
+    parts.clear()
+    if not nonempty:
         return pd.DataFrame(columns=["node", "ts", *fs.names])
-    table = pd.concat(parts, ignore_index=True).sort_values(["ts", "node"], kind="stable", ignore_index=True)
+    table = pd.concat(nonempty, ignore_index=True)
+    del nonempty
+    table = table.sort_values(["ts", "node"], kind="stable", ignore_index=True)
     table["ts"] = table["ts"].astype(np.int64)
-    return add_peer_features(table, fs, peer_groups)[["node", "ts", *fs.names]]
+    return add_peer_features(table, fs, peer_groups)  # columns: node, ts, then fs.names in order
 
 
 def _grid_buckets(ticks: np.ndarray, fs: FeatureSet) -> int:

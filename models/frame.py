@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ingest.dataset import read_events, read_manifest
@@ -63,7 +64,13 @@ def build_labelled(
     """Compute features (or take ``features``: node, ts, feature columns), label them, and attach
     the rule evidence. ``feature_set`` defaults to ``features.DEFAULT_FEATURE_SET``. With a Dask
     scheduler address the features are computed there, a group of nodes per task, so the raw
-    telemetry never has to fit in this process."""
+    telemetry never has to fit in this process.
+
+    The frame holds the features as float32, half the memory of the engines' float64: one row a
+    minute for 512 nodes over 14 days is 10 million rows, 4 GB of features instead of 8. LightGBM
+    bins them anyway: its splits fall midway between the values seen in training, so a float64
+    value scored online lands on the side of every split its float32 rounding does, bar values
+    within float32 precision (1 part in 10 million) of a split."""
     manifest = read_manifest(data_dir)
     if features is None:
         from features import DEFAULT_FEATURE_SET
@@ -80,7 +87,10 @@ def build_labelled(
     else:
         names = [c for c in features.columns if c not in ("node", "ts")]
         fs_hash = str(feature_set.hash) if feature_set is not None else names_hash(names)
-    features = features.assign(node=features["node"].astype(str), ts=features["ts"].astype("int64"))
+    keys = {"node": features["node"].astype(str).to_numpy(), "ts": features["ts"].to_numpy(dtype=np.int64)}
+    features = pd.DataFrame(features[names].to_numpy(dtype=np.float32, na_value=np.nan), columns=names)
+    for at, (col, values) in enumerate(keys.items()):
+        features.insert(at, col, values)
     frame = label_rows(features, read_events(data_dir), horizon_ms, end_ms=int(manifest["end_ms"]))
     frame = pd.concat([frame, rule_inputs(data_dir, frame, cadence_ms)], axis=1)
     return LabelledData(
