@@ -2,9 +2,10 @@
 
 Recipe (each step on the time split of :mod:`models.splits`, nothing shuffled):
 
-1. LightGBM binary classifier on train rows: small trees (see :data:`DEFAULT_PARAMS`), and the
-   iterations kept are those with the best validation average precision, at least
-   :data:`MIN_ROUNDS` of them (a noisy validation curve used to stop after ~7 trees). Every
+1. LightGBM binary classifier on train rows: small trees (see :data:`DEFAULT_PARAMS`; the rows
+   per leaf grow with the training rows, :func:`min_leaf_rows`), and the iterations kept are
+   those with the best validation average precision, at least :data:`MIN_ROUNDS` of them (a
+   noisy validation curve used to stop after ~7 trees). Every
    negative is kept and left unweighted by default: subsampling to 10 per positive and
    ``scale_pos_weight = sqrt(neg/pos)`` both lowered validation PR-AUC (the negatives are what
    teach the trees that workload swings and false-alarm transients are harmless).
@@ -51,6 +52,7 @@ from models.splits import make_split
 
 __all__ = [
     "DEFAULT_PARAMS",
+    "min_leaf_rows",
     "CENSOR_MS",
     "train_from_dataset",
     "train_on",
@@ -67,7 +69,7 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "learning_rate": 0.05,
     "num_leaves": 4,
     "max_bin": 63,
-    "min_child_samples": 500,
+    "min_child_samples": 500,  # the floor: train_on raises it with the rows (min_leaf_rows)
     "colsample_bytree": 0.5,
     "reg_lambda": 1.0,
     "n_jobs": 1,  # OpenMP threads spin: on a shared, busy machine one thread is the fast choice
@@ -82,6 +84,17 @@ NEGATIVES_PER_POSITIVE = math.inf
 LOGISTIC_NEGATIVES_PER_POSITIVE = 10.0
 CENSOR_MS = 6 * 3_600_000
 DASK_ROUNDS = 200
+# a leaf holds at least this share of the training rows (and never fewer than the 500 of
+# DEFAULT_PARAMS): 500 was chosen on about a million rows (llama3, 14 days, 5-minute rows). Rows
+# a minute apart are not five times the evidence: on the same 14 days at one row a minute (4.8
+# million rows) 500 rows are 8 hours of one node, and that model raised 7 false alarms in 974
+# node-days on another seed (models/README.md)
+MIN_LEAF_SHARE = 1 / 2_000
+
+
+def min_leaf_rows(training_rows: int) -> int:
+    """LightGBM's ``min_child_samples`` for this many training rows (see :data:`MIN_LEAF_SHARE`)."""
+    return max(int(DEFAULT_PARAMS["min_child_samples"]), round(training_rows * MIN_LEAF_SHARE))
 
 
 def _trim(booster: lgb.Booster, iterations: int) -> lgb.Booster:
@@ -197,7 +210,12 @@ def train_on(
         if parts[name]["label"].sum() == 0:
             raise ValueError(f"the {name} period holds no failure: use more nodes or days, or a higher rate")
     train = _subsample(censor_before_failures(parts["train"], censor_ms), negatives_per_positive, seed)
-    params = {**DEFAULT_PARAMS, "random_state": seed, **(params or {})}
+    params = {
+        **DEFAULT_PARAMS,
+        "min_child_samples": min_leaf_rows(len(train)),
+        "random_state": seed,
+        **(params or {}),
+    }
     booster = fit_booster(
         train[names],
         train["label"].to_numpy(),
@@ -255,6 +273,7 @@ def train_on(
         "censor_ms": censor_ms,
         "alert_clear_ms": clear_ms,
         "best_iteration": booster.current_iteration(),
+        "lgb_params": params,
         "distributed": dask_address is not None,
         "split": split.describe(),
     }
@@ -333,7 +352,7 @@ def train_from_dataset(
                 "budget_false_alarms_per_1000_node_days": budget_per_1000_node_days,
                 "best_iteration": metrics["_info"]["best_iteration"],
                 "distributed": dask_address is not None,
-                **{f"lgb_{k}": v for k, v in {**DEFAULT_PARAMS, **(params or {})}.items()},
+                **{f"lgb_{k}": v for k, v in metrics["_info"]["lgb_params"].items()},
             },
             metrics=_flat_metrics(metrics),
             dataset_fingerprint=data.fingerprint,

@@ -9,7 +9,7 @@ import pytest
 
 from models.artifact import RiskModel
 from models.evaluate import evaluate
-from models.train import train_from_dataset
+from models.train import DEFAULT_PARAMS, min_leaf_rows, train_from_dataset
 
 REQUIRED = (
     "pr_auc",
@@ -56,6 +56,15 @@ def test_train_writes_report_plots_metrics_and_model(trained):
     assert 0 <= after <= metrics["model"]["false_alarms"]
     assert f"model {after} of {metrics['model']['false_alarms']}" in report
     assert model.version == "" and 0 < model.threshold <= 1
+
+
+def test_leaf_rows_grow_with_the_training_rows(trained):
+    """Leaves never hold fewer than the floor, and past two million rows they hold a share of
+    them: rows a minute apart are not independent evidence."""
+    floor = DEFAULT_PARAMS["min_child_samples"]
+    assert min_leaf_rows(10_000) == floor and min_leaf_rows(4_784_602) == 2_392
+    info = trained[2]["_info"]
+    assert info["lgb_params"]["min_child_samples"] == min_leaf_rows(info["train_rows_used"])
 
 
 def test_model_beats_rules_and_warns_ahead(trained):
