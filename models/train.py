@@ -5,10 +5,10 @@ Recipe (each step on the time split of :mod:`models.splits`, nothing shuffled):
 1. LightGBM binary classifier on train rows: small trees (see :data:`DEFAULT_PARAMS`; the rows
    per leaf grow with the training rows, :func:`min_leaf_rows`), and the iterations kept are
    those with the best validation average precision, at least :data:`MIN_ROUNDS` of them (a
-   noisy validation curve used to stop after ~7 trees). Every
-   negative is kept and left unweighted by default: subsampling to 10 per positive and
-   ``scale_pos_weight = sqrt(neg/pos)`` both lowered validation PR-AUC (the negatives are what
-   teach the trees that workload swings and false-alarm transients are harmless).
+   noisy validation curve used to stop after ~7 trees). Every negative is kept and left
+   unweighted by default: subsampling to 10 per positive and ``scale_pos_weight =
+   sqrt(neg/pos)`` both lowered validation PR-AUC (the negatives are what teach the trees that
+   workload swings and false-alarm transients are harmless).
    ``negatives_per_positive`` still subsamples (seeded, every positive kept) for very large frames.
    Training leaves out the negatives that precede a failure by less than ``censor_ms`` (default
    :data:`CENSOR_MS`, 6 h: the longest foreshock in the reference profiles). A node whose fault is
