@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+import models.train
 from models.artifact import RiskModel
 from models.evaluate import evaluate
 from models.train import DEFAULT_PARAMS, min_leaf_rows, train_from_dataset
@@ -58,13 +59,18 @@ def test_train_writes_report_plots_metrics_and_model(trained):
     assert model.version == "" and 0 < model.threshold <= 1
 
 
-def test_leaf_rows_grow_with_the_training_rows(trained):
+def test_leaf_rows_grow_with_the_training_rows(synthetic_cluster, tmp_path, monkeypatch):
     """Leaves never hold fewer than the floor, and past two million rows they hold a share of
-    them: rows a minute apart are not independent evidence."""
+    them: rows a minute apart are not independent evidence. Training applies the rule and
+    records what it used (the share raised here so the small cluster clears the floor)."""
     floor = DEFAULT_PARAMS["min_child_samples"]
     assert min_leaf_rows(10_000) == floor and min_leaf_rows(4_784_602) == 2_392
-    info = trained[2]["_info"]
-    assert info["lgb_params"]["min_child_samples"] == min_leaf_rows(info["train_rows_used"])
+    monkeypatch.setattr(models.train, "MIN_LEAF_SHARE", 1 / 40)
+    data = synthetic_cluster
+    train_from_dataset(data.data_dir, tmp_path, features=data.features, register=False)
+    info = json.loads((tmp_path / "metrics.json").read_text())["_info"]
+    used = info["lgb_params"]["min_child_samples"]
+    assert used == round(info["train_rows_used"] / 40) and used > floor
 
 
 def test_model_beats_rules_and_warns_ahead(trained):
