@@ -87,11 +87,11 @@ def build_labelled(
     else:
         names = [c for c in features.columns if c not in ("node", "ts")]
         fs_hash = str(feature_set.hash) if feature_set is not None else names_hash(names)
-    keys = {"node": features["node"].astype(str).to_numpy(), "ts": features["ts"].to_numpy(dtype=np.int64)}
-    features = pd.DataFrame(features[names].to_numpy(dtype=np.float32, na_value=np.nan), columns=names)
-    for at, (col, values) in enumerate(keys.items()):
-        features.insert(at, col, values)
-    frame = label_rows(features, read_events(data_dir), horizon_ms, end_ms=int(manifest["end_ms"]))
+    rows = pd.DataFrame(features[names].to_numpy(dtype=np.float32, na_value=np.nan), columns=names)
+    rows.insert(0, "node", features["node"].astype(str).to_numpy())
+    rows.insert(1, "ts", features["ts"].to_numpy(dtype=np.int64))
+    del features  # the float64 table, freed here when computed here, before labelling copies rows
+    frame = label_rows(rows, read_events(data_dir), horizon_ms, end_ms=int(manifest["end_ms"]))
     frame = pd.concat([frame, rule_inputs(data_dir, frame, cadence_ms)], axis=1)
     return LabelledData(
         frame, names, fs_hash, cadence_ms, horizon_ms, manifest, dataset_fingerprint(data_dir)
