@@ -38,6 +38,7 @@ class Source(StrEnum):
     dcgm = "dcgm"
     kmsg = "kmsg"
     ib = "ib"
+    slurm = "slurm"
 
 
 class CapturedKind(StrEnum):
@@ -99,12 +100,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command("collect")
     def collect(
-        source: Source = typer.Option(..., "--source", help="Which collector: nvml, dcgm, kmsg or ib."),
-        node: str = typer.Option(..., "--node", help="Node id the records carry (the Kafka key)."),
+        source: Source = typer.Option(..., "--source", help="Which collector: nvml, dcgm, kmsg, ib or "
+                                      "slurm (node states of the whole cluster, run once per cluster)."),
+        node: str = typer.Option(None, "--node", help="Node id the records carry (the Kafka key); "
+                                 "required but for slurm, whose records carry Slurm's node names."),
         url: str = typer.Option(None, "--url", help="dcgm: dcgm-exporter metrics URL "
                                 "(default http://localhost:9400/metrics)."),
         path: Path = typer.Option(None, "--path", help="kmsg: /dev/kmsg (default) or a log file to replay "
-                                  "and follow; ib: sysfs root (default /sys/class/infiniband)."),
+                                  "and follow; ib: sysfs root (default /sys/class/infiniband); slurm: "
+                                  "state file of the node states last published (kept across restarts)."),
         journal: bool = typer.Option(False, "--journal", help="kmsg: follow `journalctl -k` instead."),
         interval: str = typer.Option("10s", "--interval", help="Time between polls (10s, 1m, ...)."),
         kafka: str = typer.Option(None, "--kafka", help="Kafka bootstrap servers to publish to."),
@@ -118,9 +122,11 @@ def register(app: typer.Typer) -> None:
         """Run a collector until stopped (SIGTERM flushes and exits 0)."""
         if (kafka is None) == (not stdout):
             raise typer.BadParameter("give exactly one of --kafka BOOTSTRAP or --stdout")
+        if node is None and source is not Source.slurm:
+            raise typer.BadParameter(f"--source {source.value} needs --node", param_hint="--node")
         interval_s = _seconds(interval, "--interval")
         _check_policy(xid_policy)
-        options = CollectorOptions(node=node, path=path, url=url, journal=journal,
+        options = CollectorOptions(node=node or "", path=path, url=url, journal=journal,
                                    xid_policy_override=xid_policy,
                                    fold_window_ms=int(_seconds(fold_window, "--fold-window") * 1000))
         sink, close_sink = _kafka_sink(kafka, source.value) if kafka is not None else (_stdout_sink, None)
@@ -133,7 +139,7 @@ def register(app: typer.Typer) -> None:
             stop = threading.Event()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())
-            typer.echo(f"collecting {source.value} on {node} every {interval} -> "
+            typer.echo(f"collecting {source.value} on {node or 'the cluster'} every {interval} -> "
                        f"{'kafka ' + kafka if kafka else 'stdout'}", err=True)
             run_collector(collector, sink, interval_s, stop, polls)
         finally:

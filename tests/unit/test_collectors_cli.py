@@ -89,3 +89,8 @@ def test_run_loop_stops_on_the_event_and_drains():
     out: list = []
     assert run_collector(Fake(), out.extend, 0.001, stop) == 3
     assert out == [1, 2, 3, "drained"]
+
+
+def test_collect_needs_node_except_for_the_cluster_wide_slurm_source():
+    result = CliRunner().invoke(app, ["collect", "--source", "dcgm", "--stdout", "--polls", "1"])
+    assert result.exit_code == 2 and "--source dcgm needs --node" in result.output
