@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
         source: Source = typer.Option(..., "--source", help="Which collector: nvml, dcgm, kmsg, ib or "
                                       "slurm (node states of the whole cluster, run once per cluster)."),
         node: str = typer.Option(None, "--node", help="Node id the records carry (the Kafka key); "
-                                 "required but for slurm, whose records carry Slurm's node names."),
+                                 "required except for slurm, whose records carry Slurm's node names."),
         url: str = typer.Option(None, "--url", help="dcgm: dcgm-exporter metrics URL "
                                 "(default http://localhost:9400/metrics)."),
         path: Path = typer.Option(None, "--path", help="kmsg: /dev/kmsg (default) or a log file to replay "

@@ -144,13 +144,9 @@ class SlurmNodeCollector:
                 timeout=self.timeout_s,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
-            proc, error = None, str(exc)
-        else:
-            error = (proc.stderr or proc.stdout).strip() if proc.returncode else ""
-        if proc is None or error:
-            self.failures += 1
-            log.warning("sinfo failed: %s", error)
-            return []
+            return self._failed(str(exc))
+        if proc.returncode != 0:
+            return self._failed((proc.stderr or proc.stdout).strip() or f"exit status {proc.returncode}")
         events = []
         for node, (cls, state) in sorted(parse_sinfo(proc.stdout).items()):
             kind = _event(self.published.get(node), cls)
@@ -158,6 +154,12 @@ class SlurmNodeCollector:
                 events.append(NodeEvent(node=node, ts=ts, event=kind, detail=f"slurm state {state}"))
             self.published[node] = cls
         return events
+
+    def _failed(self, error: str) -> list[NodeEvent]:
+        """A poll that could not read the states: no events, nothing forgotten, a warning."""
+        self.failures += 1
+        log.warning("sinfo failed: %s", error)
+        return []
 
     def drain(self) -> list[NodeEvent]:
         """Nothing is held back; record the last poll's classes (called after its events went out)."""
@@ -169,4 +171,6 @@ class SlurmNodeCollector:
 def _create(options: CollectorOptions) -> SlurmNodeCollector:
     if shutil.which("sinfo") is None:
         raise CollectorUnavailable("sinfo is not on PATH: install Slurm's client commands on this host")
+    if options.path is not None and not options.path.parent.is_dir():
+        raise CollectorUnavailable(f"no folder {options.path.parent} for the state file")
     return SlurmNodeCollector(options.path, options.clock)

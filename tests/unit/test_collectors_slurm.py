@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -11,15 +13,18 @@ from ingest.collectors.slurm import SINFO_ARGS, SlurmNodeCollector, parse_sinfo,
 
 
 class ScriptedSinfo:
-    """Answers each ``sinfo`` call with the next scripted output (``None``: sinfo fails)."""
+    """Answers each ``sinfo`` call with the next scripted output (``None``: sinfo fails with a
+    message; a ``(returncode, stdout, stderr)`` tuple: exactly that)."""
 
-    def __init__(self, *outputs: str | None):
+    def __init__(self, *outputs: str | tuple[int, str, str] | None):
         self.outputs = list(outputs)
         self.calls: list[list[str]] = []
 
     def __call__(self, args, **_kwargs) -> subprocess.CompletedProcess:
         self.calls.append(args)
         out = self.outputs.pop(0)
+        if isinstance(out, tuple):
+            return subprocess.CompletedProcess(args, *out)
         if out is None:
             return subprocess.CompletedProcess(
                 args, 1, "", "slurm_load_node error: Unable to contact slurm controller"
@@ -96,6 +101,12 @@ def test_a_failing_sinfo_yields_nothing_and_forgets_nothing():
     assert events(c.collect()) == [("node1", "repaired")]
 
 
+def test_a_silent_nonzero_exit_is_a_failure_not_an_empty_cluster():
+    c = collector(ScriptedSinfo("node1|drained\n", (1, "", "")))
+    c.collect()
+    assert c.collect() == [] and c.failures == 1 and c.published == {"node1": "drained"}
+
+
 def test_a_missing_binary_is_a_failed_poll_not_a_crash(tmp_path):
     c = SlurmNodeCollector(None, lambda: 0, sinfo=str(tmp_path / "no-sinfo"))
     assert c.collect() == [] and c.failures == 1
@@ -136,6 +147,9 @@ def test_a_foreign_state_file_is_refused(tmp_path):
 def test_registered_under_slurm(monkeypatch):
     from ingest.collectors import create_collector
 
+    if shutil.which("sinfo"):
+        with pytest.raises(CollectorUnavailable, match="no folder"):
+            create_collector("slurm", CollectorOptions(node="", path=Path("/nonexistent/dir/state.json")))
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(CollectorUnavailable, match="sinfo is not on PATH"):
         create_collector("slurm", CollectorOptions(node=""))
