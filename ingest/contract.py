@@ -26,6 +26,7 @@ __all__ = [
     "NodeEvent",
     "UNAVAILABLE_EVENTS",
     "RETURN_EVENTS",
+    "KUBE_DRAIN_TAINT",
     "FeatureContribution",
     "RiskScore",
     "MitigationEvent",
@@ -183,6 +184,9 @@ UNAVAILABLE_EVENTS: Final = frozenset({"failed", "down", "drained"})
 """Events after which a node is out of service (not scored, not labelled) until it returns."""
 RETURN_EVENTS: Final = frozenset({"repaired", "up"})
 """Events that bring a node back into service: its feature windows start afresh there."""
+KUBE_DRAIN_TAINT: Final = "foreshock.io/failure-risk"
+"""The Kubernetes taint that keeps a node Foreshock drained out of service until it is undrained
+(the mitigator sets and removes it; the node-state collector reads it as ``drained``)."""
 
 
 class FeatureContribution(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

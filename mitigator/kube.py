@@ -12,11 +12,10 @@ from __future__ import annotations
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from ingest.contract import KUBE_DRAIN_TAINT as TAINT_KEY
 from mitigator.schedulers import SchedulerError
 
 __all__ = ["KubernetesAdapter", "TAINT_KEY"]
-
-TAINT_KEY = "foreshock.io/failure-risk"
 
 
 class KubernetesAdapter:

@@ -39,6 +39,10 @@ class Source(StrEnum):
     kmsg = "kmsg"
     ib = "ib"
     slurm = "slurm"
+    kubernetes = "kubernetes"
+
+
+_CLUSTER_WIDE = frozenset({Source.slurm, Source.kubernetes})  # node names come from the scheduler
 
 
 class CapturedKind(StrEnum):
@@ -100,15 +104,17 @@ def register(app: typer.Typer) -> None:
 
     @app.command("collect")
     def collect(
-        source: Source = typer.Option(..., "--source", help="Which collector: nvml, dcgm, kmsg, ib or "
-                                      "slurm (node states of the whole cluster, run once per cluster)."),
-        node: str = typer.Option(None, "--node", help="Node id the records carry (the Kafka key); "
-                                 "required except for slurm, whose records carry Slurm's node names."),
+        source: Source = typer.Option(..., "--source", help="Which collector: nvml, dcgm, kmsg, ib, or "
+                                      "slurm / kubernetes (node states of the whole cluster, one per "
+                                      "cluster)."),
+        node: str = typer.Option(None, "--node", help="Node id the records carry (the Kafka key); not for "
+                                 "slurm / kubernetes, whose records carry the scheduler's node names."),
         url: str = typer.Option(None, "--url", help="dcgm: dcgm-exporter metrics URL "
                                 "(default http://localhost:9400/metrics)."),
         path: Path = typer.Option(None, "--path", help="kmsg: /dev/kmsg (default) or a log file to replay "
-                                  "and follow; ib: sysfs root (default /sys/class/infiniband); slurm: "
-                                  "state file of the node states last published (kept across restarts)."),
+                                  "and follow; ib: sysfs root (default /sys/class/infiniband); slurm, "
+                                  "kubernetes: state file of the node states last published (kept across "
+                                  "restarts)."),
         journal: bool = typer.Option(False, "--journal", help="kmsg: follow `journalctl -k` instead."),
         interval: str = typer.Option("10s", "--interval", help="Time between polls (10s, 1m, ...)."),
         kafka: str = typer.Option(None, "--kafka", help="Kafka bootstrap servers to publish to."),
@@ -122,7 +128,7 @@ def register(app: typer.Typer) -> None:
         """Run a collector until stopped (SIGTERM flushes and exits 0)."""
         if (kafka is None) == (not stdout):
             raise typer.BadParameter("give exactly one of --kafka BOOTSTRAP or --stdout")
-        if node is None and source is not Source.slurm:
+        if node is None and source not in _CLUSTER_WIDE:
             raise typer.BadParameter(f"--source {source.value} needs --node", param_hint="--node")
         interval_s = _seconds(interval, "--interval")
         _check_policy(xid_policy)

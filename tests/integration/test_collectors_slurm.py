@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from foreshock.cli import app
-from ingest.collectors.slurm import SlurmNodeCollector
+from ingest.collectors.node_states import NodeStateCollector
+from ingest.collectors.slurm import SinfoPoll
 from ingest.contract import Topic, decode
 
 pytestmark = pytest.mark.integration
@@ -31,11 +32,11 @@ def wait_until(cluster, node: str, state: str, timeout_s: float = 30) -> None:
 
 def test_drain_and_resume_become_drained_and_repaired(slurm_cluster, tmp_path):
     state = tmp_path / "slurm-state.json"
-    collector = SlurmNodeCollector(state, lambda: 1_000, env=slurm_cluster.env)
+    collector = NodeStateCollector(SinfoPoll(env=slurm_cluster.env), state, lambda: 1_000, "slurm")
     assert collector.collect() == []  # every node idle: nothing to say, no "up" for everyone
     scontrol(slurm_cluster, "NodeName=node2", "State=DRAIN", "Reason=foreshock test")
     drained = collector.collect()
-    assert [(e.node, e.event, e.detail) for e in drained] == [("node2", "drained", "slurm state drained")]
+    assert [(e.node, e.event, e.detail) for e in drained] == [("node2", "drained", "slurm: state drained")]
     scontrol(slurm_cluster, "NodeName=node2", "State=RESUME")
     wait_until(slurm_cluster, "node2", "idle")
     assert [(e.node, e.event) for e in collector.collect()] == [("node2", "repaired")]
@@ -44,12 +45,12 @@ def test_drain_and_resume_become_drained_and_repaired(slurm_cluster, tmp_path):
 
     # drained and resumed while no collector ran: a new one, on the same state file, still says so
     scontrol(slurm_cluster, "NodeName=node3", "State=DRAIN", "Reason=foreshock test")
-    later = SlurmNodeCollector(state, lambda: 2_000, env=slurm_cluster.env)
+    later = NodeStateCollector(SinfoPoll(env=slurm_cluster.env), state, lambda: 2_000, "slurm")
     assert [(e.node, e.event) for e in later.collect()] == [("node3", "drained")]
     later.drain()
     scontrol(slurm_cluster, "NodeName=node3", "State=RESUME")
     wait_until(slurm_cluster, "node3", "idle")
-    after_restart = SlurmNodeCollector(state, lambda: 3_000, env=slurm_cluster.env)
+    after_restart = NodeStateCollector(SinfoPoll(env=slurm_cluster.env), state, lambda: 3_000, "slurm")
     assert [(e.node, e.event) for e in after_restart.collect()] == [("node3", "repaired")]
 
 
@@ -93,7 +94,8 @@ def test_the_mitigators_drain_is_closed_by_the_collectors_repaired(slurm_cluster
     engine = MitigationEngine(fleet_size=3)
     executor = Executor(AuditLog(tmp_path / "audit.sqlite"), scheduler=SlurmAdapter(env=slurm_cluster.env))
     service = MitigationService(InMemoryBus(), engine, executor)
-    collector = SlurmNodeCollector(tmp_path / "state.json", lambda: 5_000, env=slurm_cluster.env)
+    poll = SinfoPoll(env=slurm_cluster.env)
+    collector = NodeStateCollector(poll, tmp_path / "state.json", lambda: 5_000, "slurm")
     collector.collect()
     for i, p in enumerate([0.9, 0.95]):
         service.handle(RiskScore(node="node3", ts=1_000 + i, probability=p, alert=True, threshold=0.8))

@@ -1,4 +1,5 @@
-"""The Slurm node-state collector on scripted ``sinfo`` output (the real one: tests/integration)."""
+"""The node-state collector (:mod:`ingest.collectors.node_states`) on scripted ``sinfo`` output
+(the real sinfo and the Kubernetes node list: tests/integration)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ingest.collectors import CollectorOptions, CollectorUnavailable
-from ingest.collectors.slurm import SINFO_ARGS, SlurmNodeCollector, parse_sinfo, service_class
+from ingest.collectors.node_states import NodeStateCollector
+from ingest.collectors.slurm import SINFO_ARGS, SinfoPoll, parse_sinfo, service_class
 
 
 class ScriptedSinfo:
@@ -34,7 +36,7 @@ class ScriptedSinfo:
 
 def collector(run, state_file=None, start=1_000):
     clock = iter(range(start, start + 1_000_000, 60_000))
-    return SlurmNodeCollector(state_file, lambda: next(clock), run=run)
+    return NodeStateCollector(SinfoPoll(run=run), state_file, lambda: next(clock), "slurm")
 
 
 def events(records) -> list[tuple[str, str]]:
@@ -71,9 +73,9 @@ def test_service_class(state, cls):
 def test_parse_sinfo_dedupes_partitions_and_skips_junk():
     text = "node1|idle\nnode1|idle\nnode2|drained*\nnode3|future\ngarbage line\n|idle\n\nnode4|down\n"
     assert parse_sinfo(text) == {
-        "node1": ("up", "idle"),
-        "node2": ("drained", "drained*"),
-        "node4": ("down", "down"),
+        "node1": ("up", "state idle"),
+        "node2": ("drained", "state drained*"),
+        "node4": ("down", "state down"),
     }
 
 
@@ -87,7 +89,7 @@ def test_changes_become_events_and_the_first_sight_publishes_no_up():
     c = collector(run)
     first = c.collect()
     assert events(first) == [("node2", "drained"), ("node3", "down")]
-    assert first[0].ts == 1_000 and first[0].detail == "slurm state drained"
+    assert first[0].ts == 1_000 and first[0].detail == "slurm: state drained"
     assert events(c.collect()) == [("node2", "repaired"), ("node3", "up")]  # after a drain / a fault
     assert events(c.collect()) == [("node1", "drained")]
     assert events(c.collect()) == [("node3", "down")]  # draining -> drained is the same class
@@ -108,7 +110,7 @@ def test_a_silent_nonzero_exit_is_a_failure_not_an_empty_cluster():
 
 
 def test_a_missing_binary_is_a_failed_poll_not_a_crash(tmp_path):
-    c = SlurmNodeCollector(None, lambda: 0, sinfo=str(tmp_path / "no-sinfo"))
+    c = NodeStateCollector(SinfoPoll(sinfo=str(tmp_path / "no-sinfo")), None, lambda: 0, "slurm")
     assert c.collect() == [] and c.failures == 1
 
 
@@ -137,7 +139,7 @@ def test_a_crash_before_the_state_is_written_repeats_the_event(tmp_path):
 def test_a_foreign_state_file_is_refused(tmp_path):
     bad = tmp_path / "state.json"
     bad.write_text('{"node1": "sleeping"}')
-    with pytest.raises(CollectorUnavailable, match="not a Slurm collector state file"):
+    with pytest.raises(CollectorUnavailable, match="not a node-state collector's state file"):
         collector(ScriptedSinfo(), bad)
     bad.write_text("{not json")
     with pytest.raises(CollectorUnavailable, match="cannot read"):
