@@ -6,8 +6,9 @@ from the source; it raises :class:`CollectorUnavailable` (one sentence, no trace
 when the source cannot be opened at all. A collector that holds records back (the Xid flood
 folder) also offers ``drain()``, called once on shutdown so that no count is lost.
 
-Collectors and parsers register under a name (``nvml``, ``dcgm``, ``kmsg``, ``ib``); the CLI picks
-them by that name and passes the outside world in through :class:`CollectorOptions`.
+Collectors and parsers register under a name (``nvml``, ``dcgm``, ``kmsg``, ``ib``, ``slurm``,
+``kubernetes``); the CLI picks them by that name and passes the outside world in through
+:class:`CollectorOptions`.
 """
 
 from __future__ import annotations
@@ -66,12 +67,13 @@ class CollectorUnavailable(RuntimeError):
 class CollectorOptions:
     """The outside world a collector is built against (production defaults; tests inject their own).
 
-    ``path``: sysfs root (ib), kernel-log device or replay file (kmsg); ``url``: dcgm-exporter
-    endpoint; ``clock``: epoch-ms wall clock; ``nvml``: the pynvml module (or a stand-in);
-    ``fetch``: HTTP GET returning the body; ``xid_policy_override``: an operator CSV merged over
-    the shipped Xid policy; ``fold_window_ms``: Xid repeats within this window are folded;
-    ``journal``: follow ``journalctl -k`` instead of ``path``; ``nvidia_proc_root``: where the
-    driver lists GPUs by PCI bus id (maps a kernel-log bus id to the GPU index).
+    ``path``: sysfs root (ib), kernel-log device or replay file (kmsg), state file (slurm,
+    kubernetes); ``url``: dcgm-exporter endpoint; ``clock``: epoch-ms wall clock; ``nvml``: the
+    pynvml module (or a stand-in); ``fetch``: HTTP GET returning the body;
+    ``xid_policy_override``: an operator CSV merged over the shipped Xid policy;
+    ``fold_window_ms``: Xid repeats within this window are folded; ``journal``: follow
+    ``journalctl -k`` instead of ``path``; ``nvidia_proc_root``: where the driver lists GPUs by PCI
+    bus id (maps a kernel-log bus id to the GPU index).
     """
 
     node: str
