@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.contract import Topic, XidEvent
+from ingest.contract import NodeEvent, Topic, XidEvent
 from ingest.kafka_bus import KafkaBus
 from ingest.stream import RecordStream
 
@@ -21,9 +21,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 DATA = Path(__file__).parents[1] / "data" / "collectors"
 
 
-def _start(*args: str) -> subprocess.Popen:
+def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "foreshock", "collect", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
 def _read_until(stream: RecordStream, node: str, done: Callable[[list], bool], timeout_s: float,
@@ -95,6 +95,37 @@ def test_ib_collector_publishes_samples_with_deltas(kafka_bootstrap, group_id, t
         assert seen[0].link_downed is not None and seen[0].state == "ACTIVE"
         rc, err = _stop(proc)
         assert rc == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stream.close()
+        bus.close()
+
+
+def test_slurm_node_states_reach_node_events(kafka_bootstrap, group_id, slurm_cluster, tmp_path):
+    """A drain and a resume in a real slurmctld arrive on ``node.events`` from the collector process."""
+
+    def scontrol(*args: str) -> None:
+        subprocess.run(["scontrol", "update", "NodeName=node1", *args], env=slurm_cluster.env,
+                       check=True, timeout=30, capture_output=True)
+
+    state = tmp_path / "slurm-state.json"
+    proc = _start("--source", "slurm", "--path", str(state), "--interval", "200ms",
+                  "--kafka", kafka_bootstrap, env=slurm_cluster.env)
+    bus = KafkaBus(kafka_bootstrap)
+    stream = RecordStream(bus, bus.consumer(group_id, [Topic.NODE_EVENTS]))
+    try:
+        seen: list[NodeEvent] = []
+        scontrol("State=DRAIN", "Reason=foreshock kafka test")
+        _read_until(stream, "node1", lambda s: len(s) >= 1, 60, seen)
+        scontrol("State=RESUME")
+        _read_until(stream, "node1", lambda s: len(s) >= 2, 60, seen)
+        assert [e.event for e in seen] == ["drained", "repaired"]
+        assert seen[0].ts < seen[1].ts and seen[0].detail == "slurm: state drained"
+        rc, err = _stop(proc)
+        assert rc == 0, err
+        assert '"node1": "up"' in state.read_text()
+        assert stream.dead_letters == 0
     finally:
         if proc.poll() is None:
             proc.kill()
