@@ -14,6 +14,10 @@ same cycle, so cross-node (peer) features at ``T`` see every node the process sc
 that arrives behind its own log's progress by more than ``lateness`` is treated as arriving at
 ``progress - lateness``: that keeps the decision a function of each log's own order, never of how
 fetches from different logs interleaved.
+
+A node out of service (its last node event at or before ``T`` a ``down``, ``drained`` or
+``failed``, not yet followed by ``repaired`` or ``up``) is not scored at ``T``: training never saw
+such rows (the labels leave them out), and an alert for a node that runs no work only adds noise.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from ingest.contract import RECORD_TYPES, decode, encode
+from ingest.contract import RECORD_TYPES, RETURN_EVENTS, UNAVAILABLE_EVENTS, Topic, decode, encode
 
 __all__ = ["OnlineEngine", "PartitionState", "watermark", "apply_by_tick"]
 
@@ -97,6 +101,9 @@ class PartitionState:
         self.positions: dict[tuple[str, int], int] = {}
         self.progress: dict[str, int] = {}
         self.next_boundary: int | None = None
+        # per node, its changes of service (event time, out of service?) applied so far, oldest
+        # first; records are applied ahead of the boundary being scored, so it is read as of a time
+        self._service: dict[str, list[tuple[int, bool]]] = {}
         self._held: list[tuple[int, str, Any]] = []  # (effective ts, topic, record)
         self._in_order = True  # _held is sorted by (effective ts, topic)
 
@@ -136,8 +143,23 @@ class PartitionState:
             self._held.sort(key=lambda item: (item[0], item[1]))
             self._in_order = True
         cut = bisect.bisect_right(self._held, until, key=lambda item: item[0])
+        for eff, topic, r in self._held[:cut]:
+            if topic == Topic.NODE_EVENTS and r.event in UNAVAILABLE_EVENTS | RETURN_EVENTS:
+                self._service.setdefault(r.node, []).append((eff, r.event in UNAVAILABLE_EVENTS))
         apply_by_tick(self.engine, self._held[:cut], self.tick_ms)
         del self._held[:cut]
+
+    def away_at(self, t: int) -> set[str]:
+        """Nodes out of service at ``t``: their last change of service at or before ``t`` took them
+        out. Boundaries only grow, so the changes before that last one are dropped here."""
+        away = set()
+        for node, changes in self._service.items():
+            last = bisect.bisect_right(changes, t, key=lambda c: c[0]) - 1
+            if last >= 0:
+                del changes[:last]
+                if changes[0][1]:
+                    away.add(node)
+        return away
 
     def close(self, boundary: int) -> None:
         """Make the engine hold every record ``<= boundary``; the caller reads its features at
@@ -157,6 +179,7 @@ class PartitionState:
             "positions": [[t, p, off] for (t, p), off in sorted(self.positions.items())],
             "progress": dict(self.progress),
             "next_boundary": self.next_boundary,
+            "service": [[node, [list(c) for c in changes]] for node, changes in self._service.items()],
             "held": [[topic, eff, encode(rs)] for (topic, eff), rs in groups.items()],
         }
 
@@ -170,6 +193,9 @@ class PartitionState:
         state.positions = {(t, int(p)): int(off) for t, p, off in meta["positions"]}
         state.progress = {t: int(v) for t, v in meta["progress"].items()}
         state.next_boundary = meta["next_boundary"]
+        # checkpoints written before nodes' service was kept hold none: every node in service
+        state._service = {node: [(int(ts), bool(out)) for ts, out in changes]
+                          for node, changes in meta.get("service", ())}
         for topic, eff, data in meta["held"]:
             if topic not in RECORD_TYPES:
                 raise ValueError(f"checkpoint holds records of unknown topic {topic!r}")

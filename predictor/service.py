@@ -219,7 +219,10 @@ class RiskService:
                     state.close(boundary)
                     self._dirty.add(p)
                     tick.append(state.engine.features_at(as_of, peers=False))  # finish() compares all
-            frame = self.engines.finish(pd.concat(tick, ignore_index=True))
+            frame = self.engines.finish(pd.concat(tick, ignore_index=True))  # peers: every node
+            away = set().union(*(s.away_at(boundary) for s in self._states.values()))
+            if away:
+                frame = frame[~frame["node"].isin(away)].reset_index(drop=True)
             frame["ts"] = boundary
             if len(frame):
                 frames.append(frame)

@@ -10,13 +10,14 @@ import pytest
 from features import DEFAULT_FEATURE_SET
 from features.batch import compute_features
 from ingest.bus import InMemoryBus
-from ingest.contract import GpuSample, RiskScore, Topic, decode
+from ingest.contract import GpuSample, NodeEvent, RiskScore, Topic, decode
 from ingest.simulator import stream, write_dataset
 from ingest.stream import publish
 from models.artifact import RiskModel
 from predictor.checkpoint import CheckpointStore
 from predictor.engines import OnlineEngines
 from predictor.model_source import ModelMismatchError, PathModelSource
+from predictor.partition import PartitionState
 from predictor.service import RiskService, ServiceConfig
 from tests.fixtures.predictor import simulator
 
@@ -205,3 +206,35 @@ def test_scoring_a_telemetry_window_and_feature_rows(sim, risk_model_dir, tmp_pa
     assert svc.score_telemetry([]) == []
     single = svc.score_telemetry([GpuSample(node="n", ts=1, gpu=0)])
     assert [(s.node, s.ts) for s in single] == [("n", 60_000)]
+
+
+def test_a_node_out_of_service_is_not_scored_until_it_returns(sim, risk_model_dir, tmp_path):
+    bus = InMemoryBus(partitions=3)
+    stream(sim, bus)
+    reference = drain(make_service(bus, risk_model_dir, tmp_path / "ref", group="ref"))
+    boundaries = sorted({s.ts for s in reference})
+    node = reference[0].node
+    leave, back = boundaries[1] - 1, boundaries[3] - 1  # drained just before a boundary, back before another
+    publish(bus, [NodeEvent(node=node, ts=leave, event="drained"), NodeEvent(node=node, ts=back, event="up")])
+    scores = drain(make_service(bus, risk_model_dir, tmp_path / "run", group="run"))
+    scored = {s.ts for s in scores if s.node == node}
+    assert not scored & {boundaries[1], boundaries[2]}  # out of service
+    assert set(boundaries[4:]) <= scored  # back (at boundaries[3] its fresh windows hold no record yet)
+    # the others, while it is away, as without the events: it still counts among their peers, as
+    # it does in the batch features the model was trained on (its return then cuts its windows)
+    away = {k: p for k, p in by_key(scores).items() if k[1] in boundaries[1:3]}
+    assert away == {k: p for k, p in by_key(reference).items() if k[1] in boundaries[1:3] and k[0] != node}
+
+
+def test_the_nodes_out_of_service_survive_a_checkpoint():
+    state = PartitionState(0, ENGINES.new(), PERIOD)
+    t0 = 1_735_689_600_000
+    state.add(Topic.NODE_EVENTS, 0, [NodeEvent(node="n1", ts=t0, event="failed", cause="gpu_hbm"),
+                                      NodeEvent(node="n2", ts=t0, event="drained")])
+    state.add(Topic.NODE_EVENTS, 1, [NodeEvent(node="n2", ts=t0 + 60_000, event="repaired")])
+    state.apply(t0)
+    assert state.away_at(t0) == {"n1", "n2"}
+    restored = PartitionState.restore(ENGINES.new(), state.meta(), PERIOD)
+    assert restored.away_at(t0) == {"n1", "n2"}
+    restored.apply(t0 + 120_000)  # the held return is applied after the restore, ahead of time
+    assert restored.away_at(t0 + 59_999) == {"n1", "n2"} and restored.away_at(t0 + 60_000) == {"n1"}
