@@ -7,7 +7,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 DATA = Path(__file__).parents[1] / "data" / "collectors"
 
 
-def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "foreshock", "collect", *args],
+@contextmanager
+def _collecting(bootstrap: str, group_id: str, topic: str, *args: str,
+                env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen, RecordStream]]:
+    """``foreshock collect ARGS --kafka BOOTSTRAP`` as a process, and a consumer of ``topic``."""
+    proc = subprocess.Popen([sys.executable, "-m", "foreshock", "collect", *args, "--kafka", bootstrap],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    bus = KafkaBus(bootstrap)
+    stream = RecordStream(bus, bus.consumer(group_id, [topic]))
+    try:
+        yield proc, stream
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stream.close()
+        bus.close()
 
 
 def _read_until(stream: RecordStream, node: str, done: Callable[[list], bool], timeout_s: float,
@@ -51,11 +64,8 @@ def test_kmsg_replay_folds_a_flood_and_sigterm_flushes_the_held_counts(kafka_boo
     log = tmp_path / "kern.log"
     log.write_text("\n".join(real[:5] + [fallen] * 1000) + "\n")
     node = f"kmsg-{group_id}"
-    proc = _start("--source", "kmsg", "--path", str(log), "--node", node, "--interval", "200ms",
-                  "--fold-window", "1h", "--kafka", kafka_bootstrap)
-    bus = KafkaBus(kafka_bootstrap)
-    stream = RecordStream(bus, bus.consumer(group_id, [Topic.XID]))
-    try:
+    with _collecting(kafka_bootstrap, group_id, Topic.XID, "--source", "kmsg", "--path", str(log),
+                     "--node", node, "--interval", "200ms", "--fold-window", "1h") as (proc, stream):
         seen: list[XidEvent] = []
         _read_until(stream, node, lambda s: len(s) >= 6, 90, seen)
         assert [e.xid for e in seen[:6]] == [13] * 5 + [79] and seen[5].count == 1
@@ -67,22 +77,14 @@ def test_kmsg_replay_folds_a_flood_and_sigterm_flushes_the_held_counts(kafka_boo
         assert sum(e.count for e in fallen_events) == 1000 and len(fallen_events) == 2
         assert fallen_events[1].count == 999 and fallen_events[1].severity == "FATAL"
         assert stream.dead_letters == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        stream.close()
-        bus.close()
 
 
 def test_ib_collector_publishes_samples_with_deltas(kafka_bootstrap, group_id, tmp_path):
     tree = tmp_path / "infiniband"
     shutil.copytree(DATA / "ib" / "sys-class-infiniband", tree)
     node = f"ib-{group_id}"
-    proc = _start("--source", "ib", "--path", str(tree), "--node", node, "--interval", "300ms",
-                  "--kafka", kafka_bootstrap)
-    bus = KafkaBus(kafka_bootstrap)
-    stream = RecordStream(bus, bus.consumer(group_id, [Topic.LINK]))
-    try:
+    with _collecting(kafka_bootstrap, group_id, Topic.LINK, "--source", "ib", "--path", str(tree),
+                     "--node", node, "--interval", "300ms") as (proc, stream):
         seen: list = []
         _read_until(stream, node, lambda s: len(s) >= 3, 90, seen)
         counter = tree / "mlx5_1" / "ports" / "1" / "counters" / "symbol_error"
@@ -95,11 +97,6 @@ def test_ib_collector_publishes_samples_with_deltas(kafka_bootstrap, group_id, t
         assert seen[0].link_downed is not None and seen[0].state == "ACTIVE"
         rc, err = _stop(proc)
         assert rc == 0, err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        stream.close()
-        bus.close()
 
 
 def test_slurm_node_states_reach_node_events(kafka_bootstrap, group_id, slurm_cluster, tmp_path):
@@ -110,11 +107,8 @@ def test_slurm_node_states_reach_node_events(kafka_bootstrap, group_id, slurm_cl
                        check=True, timeout=30, capture_output=True)
 
     state = tmp_path / "slurm-state.json"
-    proc = _start("--source", "slurm", "--path", str(state), "--interval", "200ms",
-                  "--kafka", kafka_bootstrap, env=slurm_cluster.env)
-    bus = KafkaBus(kafka_bootstrap)
-    stream = RecordStream(bus, bus.consumer(group_id, [Topic.NODE_EVENTS]))
-    try:
+    with _collecting(kafka_bootstrap, group_id, Topic.NODE_EVENTS, "--source", "slurm",
+                     "--path", str(state), "--interval", "200ms", env=slurm_cluster.env) as (proc, stream):
         seen: list[NodeEvent] = []
         scontrol("State=DRAIN", "Reason=foreshock kafka test")
         _read_until(stream, "node1", lambda s: len(s) >= 1, 60, seen)
@@ -126,8 +120,3 @@ def test_slurm_node_states_reach_node_events(kafka_bootstrap, group_id, slurm_cl
         assert rc == 0, err
         assert '"node1": "up"' in state.read_text()
         assert stream.dead_letters == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        stream.close()
-        bus.close()
