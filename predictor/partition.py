@@ -101,6 +101,7 @@ class PartitionState:
         self.positions: dict[tuple[str, int], int] = {}
         self.progress: dict[str, int] = {}
         self.next_boundary: int | None = None
+        self._closed_any = False  # until the first close, an earlier record moves the first boundary
         # per node, its changes of service (event time, out of service?) applied so far, oldest
         # first; records are applied ahead of the boundary being scored, so it is read as of a time
         self._service: dict[str, list[tuple[int, bool]]] = {}
@@ -113,16 +114,20 @@ class PartitionState:
         self.positions[(topic, self.partition)] = offset + 1
         floor = self.progress.get(topic, -1) - self.lateness_ms
         held = self._held
+        first = None
         for r in records:
             item = (r.ts if r.ts >= floor else floor, topic, r)
             if held and self._in_order and (item[0], topic) < (held[-1][0], held[-1][1]):
                 self._in_order = False
             held.append(item)
+            first = item[0] if first is None else min(first, item[0])
             if r.ts > self.progress.get(topic, -1):
                 self.progress[topic] = r.ts
-        if self.next_boundary is None and self._held:
-            first = min(e for e, _, _ in self._held)
-            self.next_boundary = -(-first // self.period_ms) * self.period_ms
+        if first is not None and not self._closed_any:
+            # the first boundary follows the earliest record read before it closes, whichever log
+            # was read first (a sparse log's later record must not make the partition skip one)
+            boundary = -(-first // self.period_ms) * self.period_ms
+            self.next_boundary = boundary if self.next_boundary is None else min(self.next_boundary, boundary)
 
     @property
     def held(self) -> int:
@@ -166,6 +171,7 @@ class PartitionState:
         ``boundary`` right after. The next boundary follows one period later."""
         self.apply(boundary)
         self.next_boundary = boundary + self.period_ms
+        self._closed_any = True
 
     # ---- checkpoint form -----------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
@@ -179,6 +185,7 @@ class PartitionState:
             "positions": [[t, p, off] for (t, p), off in sorted(self.positions.items())],
             "progress": dict(self.progress),
             "next_boundary": self.next_boundary,
+            "closed_any": self._closed_any,
             "service": [[node, [list(c) for c in changes]] for node, changes in self._service.items()],
             "held": [[topic, eff, encode(rs)] for (topic, eff), rs in groups.items()],
         }
@@ -193,6 +200,7 @@ class PartitionState:
         state.positions = {(t, int(p)): int(off) for t, p, off in meta["positions"]}
         state.progress = {t: int(v) for t, v in meta["progress"].items()}
         state.next_boundary = meta["next_boundary"]
+        state._closed_any = bool(meta.get("closed_any", True))  # older checkpoints: the boundary stays
         # checkpoints written before nodes' service was kept hold none: every node in service
         state._service = {node: [(int(ts), bool(out)) for ts, out in changes]
                           for node, changes in meta.get("service", ())}
