@@ -31,6 +31,8 @@ from ingest.contract import RECORD_TYPES, RETURN_EVENTS, UNAVAILABLE_EVENTS, Top
 
 __all__ = ["OnlineEngine", "PartitionState", "watermark", "apply_by_tick"]
 
+_SERVICE_EVENTS = UNAVAILABLE_EVENTS | RETURN_EVENTS
+
 
 class OnlineEngine(Protocol):
     """What the service needs of ``features.online.OnlineFeatureEngine``."""
@@ -102,8 +104,8 @@ class PartitionState:
         self.progress: dict[str, int] = {}
         self.next_boundary: int | None = None
         self._closed_any = False  # until the first close, an earlier record moves the first boundary
-        # per node, its changes of service (event time, out of service?) applied so far, oldest
-        # first; records are applied ahead of the boundary being scored, so it is read as of a time
+        # per node, its changes of service (effective time, out of service?) read so far, in time
+        # order; read as of a boundary, so it does not matter that they arrive ahead of it
         self._service: dict[str, list[tuple[int, bool]]] = {}
         self._held: list[tuple[int, str, Any]] = []  # (effective ts, topic, record)
         self._in_order = True  # _held is sorted by (effective ts, topic)
@@ -115,11 +117,15 @@ class PartitionState:
         floor = self.progress.get(topic, -1) - self.lateness_ms
         held = self._held
         first = None
+        node_events = topic == Topic.NODE_EVENTS
         for r in records:
             item = (r.ts if r.ts >= floor else floor, topic, r)
             if held and self._in_order and (item[0], topic) < (held[-1][0], held[-1][1]):
                 self._in_order = False
             held.append(item)
+            if node_events and r.event in _SERVICE_EVENTS:
+                changes = self._service.setdefault(r.node, [])
+                bisect.insort(changes, (item[0], r.event in UNAVAILABLE_EVENTS), key=lambda c: c[0])
             first = item[0] if first is None else min(first, item[0])
             if r.ts > self.progress.get(topic, -1):
                 self.progress[topic] = r.ts
@@ -148,9 +154,6 @@ class PartitionState:
             self._held.sort(key=lambda item: (item[0], item[1]))
             self._in_order = True
         cut = bisect.bisect_right(self._held, until, key=lambda item: item[0])
-        for eff, topic, r in self._held[:cut]:
-            if topic == Topic.NODE_EVENTS and r.event in UNAVAILABLE_EVENTS | RETURN_EVENTS:
-                self._service.setdefault(r.node, []).append((eff, r.event in UNAVAILABLE_EVENTS))
         apply_by_tick(self.engine, self._held[:cut], self.tick_ms)
         del self._held[:cut]
 

@@ -239,5 +239,5 @@ def test_the_nodes_out_of_service_survive_a_checkpoint():
     assert state.away_at(t0) == {"n1", "n2"}
     restored = PartitionState.restore(ENGINES.new(), state.meta(), PERIOD)
     assert restored.away_at(t0) == {"n1", "n2"}
-    restored.apply(t0 + 120_000)  # the held return is applied after the restore, ahead of time
+    restored.apply(t0 + 120_000)  # the return, read before the checkpoint, counts from its own time
     assert restored.away_at(t0 + 59_999) == {"n1", "n2"} and restored.away_at(t0 + 60_000) == {"n1"}
