@@ -81,6 +81,7 @@ class SinfoPoll:
 
 @register_collector("slurm")
 def _create(options: CollectorOptions) -> NodeStateCollector:
+    state_file = check_state_file(options)
     if shutil.which("sinfo") is None:
         raise CollectorUnavailable("sinfo is not on PATH: install Slurm's client commands on this host")
-    return NodeStateCollector(SinfoPoll(), check_state_file(options), options.clock, "slurm")
+    return NodeStateCollector(SinfoPoll(), state_file, options.clock, "slurm")
