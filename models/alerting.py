@@ -38,13 +38,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["EvalRows", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES", "AFTER_RETURN_MS", "episode_starts",
-           "median_interval"]
+__all__ = ["EvalRows", "EVAL_COLUMNS", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES", "AFTER_RETURN_MS",
+           "episode_starts", "median_interval"]
 
 DAY_MS = 86_400_000
 ALERT_CLEAR_MS = 30 * 60_000
 EQUAL_RATES = (1.0, 2.0, 5.0, 10.0)  # false alarms per 1,000 node-days for ``recall_at_rates``
 AFTER_RETURN_MS = 60 * 60_000  # ``false_alarms_after_return``: the longest error-counter window
+# what EvalRows reads of a labelled frame (``returned_ts`` when there); scores come beside them
+EVAL_COLUMNS = ("node", "ts", "label", "failure_ts", "cause", "detectable", "returned_ts")
 
 
 def episode_starts(stretch: np.ndarray, ts: np.ndarray, clear_ms: int, cadence_ms: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from ingest.dataset import read_events, read_manifest
 from models.baselines import rule_inputs
 from models.labels import label_rows
 
-__all__ = ["LabelledData", "build_labelled", "dataset_fingerprint", "names_hash"]
+__all__ = ["LabelledData", "build_labelled", "combined_fingerprint", "dataset_fingerprint", "names_hash"]
 
 
 @dataclass
@@ -46,6 +46,11 @@ def dataset_fingerprint(data_dir: str | Path) -> str:
     for path in sorted(data_dir.glob("*/part-*.parquet")):
         h.update(f"{path.relative_to(data_dir)}:{path.stat().st_size};".encode())
     return h.hexdigest()[:16]
+
+
+def combined_fingerprint(fingerprints: list[str]) -> str:
+    """One fingerprint for datasets judged together, in the order given."""
+    return hashlib.sha256(";".join(fingerprints).encode()).hexdigest()[:16]
 
 
 def names_hash(names: list[str]) -> str:

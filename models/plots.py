@@ -17,18 +17,19 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 from sklearn.metrics import precision_recall_curve  # noqa: E402
 
 from models.alerting import EvalRows  # noqa: E402
 from models.artifact import RiskModel  # noqa: E402
 
-__all__ = ["write_plots", "shap_importance"]
+__all__ = ["SHAP_ROWS", "write_plots", "shap_importance"]
 
 _TOP = 20
-_SHAP_ROWS = 20_000
+SHAP_ROWS = 20_000
 
 
-def shap_importance(model: RiskModel, frame, max_rows: int = _SHAP_ROWS, seed: int = 0) -> dict[str, float]:
+def shap_importance(model: RiskModel, frame, max_rows: int = SHAP_ROWS, seed: int = 0) -> dict[str, float]:
     """Mean |SHAP contribution| per feature over at most ``max_rows`` rows (seeded sample)."""
     if len(frame) > max_rows:
         frame = frame.sample(max_rows, random_state=seed)
@@ -49,9 +50,15 @@ def _barh(path: Path, values: dict[str, float], title: str, xlabel: str) -> Path
 
 
 def write_plots(
-    out_dir: Path, rows: EvalRows, scores: dict[str, np.ndarray], metrics: dict[str, Any], model: RiskModel
+    out_dir: Path,
+    rows: EvalRows,
+    scores: dict[str, np.ndarray],
+    metrics: dict[str, Any],
+    model: RiskModel,
+    shap_frame: pd.DataFrame | None = None,
 ) -> list[Path]:
-    """Write the four plots into ``out_dir`` and return their paths."""
+    """Write the four plots into ``out_dir`` and return their paths; SHAP values explain
+    ``shap_frame``'s rows (default: ``rows``')."""
     paths = []
     fig, ax = plt.subplots(figsize=(6.5, 5))
     if 0 < rows.label.sum() < rows.label.size:
@@ -98,7 +105,7 @@ def write_plots(
     paths.append(
         _barh(
             out_dir / "importance_shap.png",
-            shap_importance(model, rows.frame),
+            shap_importance(model, rows.frame if shap_frame is None else shap_frame),
             "Feature importance (mean |SHAP|, pred_contrib)",
             "mean |contribution| (log-odds)",
         )

@@ -36,11 +36,13 @@ def _cell(key: str, m: dict[str, Any]) -> str:
 
 
 def _parts(metrics: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
-    """part name -> predictor -> metrics; the top level is the main part (test or evaluation)."""
+    """part name -> predictor -> metrics; the top level is the main part (test, or the evaluation
+    data pooled), then the other splits of training or each dataset of a pooled evaluation."""
     main = "test" if metrics.get("_info", {}).get("kind") == "train" else "evaluation"
     parts = {main: {p: metrics[p] for p in PREDICTORS}}
-    for part in metrics["model"].get("by_split", {}):
-        parts[part] = {p: metrics[p]["by_split"][part] for p in PREDICTORS}
+    for key in ("by_split", "by_dataset"):
+        for part in metrics["model"].get(key, {}):
+            parts[part] = {p: metrics[p][key][part] for p in PREDICTORS}
     return parts
 
 
@@ -73,10 +75,11 @@ def print_table(metrics: dict[str, Any]) -> None:
     if rates:
         equal = Table(title="failures caught at equal false-alarm rates",
                       caption="false alarms per 1,000 node-days; each threshold set on these rows")
-        for header in ("predictor", *(f"≤ {r}" for r in rates)):
+        for header in ("part", "predictor", *(f"≤ {r}" for r in rates)):
             equal.add_column(header)
-        for p in PREDICTORS:
-            equal.add_row(p, *_rate_cells(metrics[p], rates))
+        for part, by_pred in _parts(metrics).items():
+            for name, m in by_pred.items():
+                equal.add_row(part, name, *_rate_cells(m, rates))
         console.print(equal)
 
 
@@ -107,11 +110,21 @@ def _cause_table(metrics: dict[str, Any]) -> str:
 def _equal_rates_table(metrics: dict[str, Any]) -> str:
     """Failures caught by each predictor at equal false-alarm rates (thresholds set on these rows)."""
     rates = _rates(metrics)
-    lines = ["| predictor | " + " | ".join(f"≤ {r} false alarms /1000 node-days" for r in rates) + " |",
-             "|---|" + "---|" * len(rates)]
-    for p in PREDICTORS:
-        lines.append(f"| {p} | " + " | ".join(_rate_cells(metrics[p], rates)) + " |")
+    header = " | ".join(f"≤ {r} false alarms /1000 node-days" for r in rates)
+    lines = [f"| part | predictor | {header} |", "|---|---|" + "---|" * len(rates)]
+    for part, by_pred in _parts(metrics).items():
+        for name, m in by_pred.items():
+            lines.append(f"| {part} | {name} | " + " | ".join(_rate_cells(m, rates)) + " |")
     return "\n".join(lines)
+
+
+def _setting(key: str, value: Any) -> str:
+    """A setting as the report's table shows it: each evaluated dataset by name, profile, size
+    and seed."""
+    if key != "datasets":
+        return str(value)
+    return "; ".join(f"{d['name']} ({d.get('profile')}, {d.get('nodes')} nodes, seed {d.get('seed')})"
+                     for d in value)
 
 
 def write_report(
@@ -125,7 +138,7 @@ def write_report(
         "",
         "| setting | value |",
         "|---|---|",
-        *(f"| {k} | {v} |" for k, v in info.items() if k != "split"),
+        *(f"| {k} | {_setting(k, v)} |" for k, v in info.items() if k != "split"),
         "",
         "## Model vs baselines",
         "",
@@ -139,7 +152,7 @@ def write_report(
         + ", ".join(f"{p} {metrics[p].get('false_alarms_after_return', '-')} of {metrics[p]['false_alarms']}"
                     for p in PREDICTORS) + ".",
         "",
-        f"## Recall at equal false-alarm rates ({plotted_part})",
+        "## Recall at equal false-alarm rates",
         "",
         "Each predictor's threshold set on these rows for each rate: not an operating point, but "
         "the like-for-like comparison where the validation thresholds spend different budgets.",

@@ -71,8 +71,12 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option(
             ..., "--model", help="models:/ URI or a folder that `foreshock train` wrote"
         ),
-        data: Path = typer.Option(
-            ..., "--data", exists=True, file_okay=False, help="dataset folder to judge on"
+        data: list[Path] = typer.Option(
+            ...,
+            "--data",
+            exists=True,
+            file_okay=False,
+            help="dataset folder to judge on; repeat it to judge several datasets as one pool",
         ),
         out: Path = typer.Option(..., "--out", help="folder for report.md, metrics.json, plots"),
         tracking_uri: str = typer.Option(
@@ -83,13 +87,13 @@ def register(app: typer.Typer) -> None:
             None, "--cadence", help="feature row cadence (default: the one the model was trained at)"
         ),
     ) -> None:
-        """Evaluate a trained model and its baselines on another dataset."""
+        """Evaluate a trained model and its baselines on another dataset (or a pool of them)."""
         from models.artifact import RiskModel
         from models.evaluate import evaluate as run_evaluation
         from models.registry import sqlite_uri
         from models.report import print_table
 
-        risk_model = RiskModel.load(model, tracking_uri=tracking_uri or sqlite_uri(data))
+        risk_model = RiskModel.load(model, tracking_uri=tracking_uri or sqlite_uri(data[0]))
         cadence_ms = option_ms(cadence, "--cadence") if cadence else None
         metrics = run_evaluation(risk_model, data, out, dask_address=dask, cadence_ms=cadence_ms)
         print_table(metrics)

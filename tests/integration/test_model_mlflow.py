@@ -124,6 +124,8 @@ def test_cli_train_and_evaluate_a_registered_model(mlflow_server, tmp_path):
             f"models:/{MODEL_NAME}/{version}",
             "--data",
             str(tmp_path / "eval-data"),
+            "--data",
+            str(tmp_path / "train-data"),
             "--tracking-uri",
             mlflow_server,
             "--cadence",
@@ -139,3 +141,8 @@ def test_cli_train_and_evaluate_a_registered_model(mlflow_server, tmp_path):
     assert metrics["_info"]["alert_clear_ms"] == 20 * 60_000  # episodes end as they did in training
     assert all(0 <= metrics[p]["pr_auc"] <= 1 for p in ("model", "rules", "logistic"))
     assert (tmp_path / "eval" / "report.md").exists()
+    # two --data: judged as one pool, each dataset's figures kept beside it
+    parts = metrics["model"]["by_dataset"]
+    assert set(parts) == {"eval-data", "train-data"}
+    assert metrics["model"]["failures"] == sum(part["failures"] for part in parts.values())
+    assert [d["seed"] for d in metrics["_info"]["datasets"]] == [4, 3]

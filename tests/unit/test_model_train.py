@@ -104,13 +104,43 @@ def test_saved_model_reloads_and_evaluates_another_seed(trained, synthetic_clust
     data = build_labelled(
         synthetic_cluster_other.data_dir, 3_600_000, features=synthetic_cluster_other.features
     )
-    metrics = evaluate(loaded, synthetic_cluster_other.data_dir, tmp_path, data=data)
+    metrics = evaluate(loaded, [synthetic_cluster_other.data_dir], tmp_path, data=[data])
     assert (
         json.loads((tmp_path / "metrics.json").read_text())["model"]["pr_auc"] == metrics["model"]["pr_auc"]
     )
     assert (tmp_path / "report.md").exists() and (tmp_path / "pr_curves.png").exists()
     assert metrics["model"]["pr_auc"] > metrics["rules"]["pr_auc"]
     assert metrics["model"]["recall_at_budget"] > 0
+    assert "by_dataset" not in metrics["model"]
+    assert metrics["_info"]["dataset_fingerprint"] == data.fingerprint
+
+
+def test_evaluate_pools_datasets_and_keeps_each_ones_figures(trained, synthetic_cluster_other, tmp_path):
+    """Two datasets judged as one pool: the failures, node-days, alarms and catches add up, the
+    nodes of one never merge with the other's (the same folder twice here, so every figure is
+    exactly twice one evaluation), and each dataset's figures are those of its own evaluation."""
+    model, _, _ = trained
+    from models.frame import build_labelled
+
+    folder = synthetic_cluster_other.data_dir
+    data = build_labelled(folder, 3_600_000, features=synthetic_cluster_other.features)
+    one = evaluate(model, [folder], tmp_path / "one", data=[data])
+    pooled = evaluate(model, [folder, folder], tmp_path / "pool", data=[data, data])
+    name = folder.resolve().name
+    for p in ("model", "rules", "logistic"):
+        assert set(pooled[p]["by_dataset"]) == {name, f"{name}-2"}
+        for key in ("failures", "caught", "false_alarms", "alert_episodes"):
+            assert pooled[p][key] == 2 * one[p][key], (p, key)
+        assert pooled[p]["node_days"] == pytest.approx(2 * one[p]["node_days"])
+        assert pooled[p]["pr_auc"] == pytest.approx(one[p]["pr_auc"])
+        for part in pooled[p]["by_dataset"].values():
+            assert {k: part[k] for k in ("failures", "caught", "false_alarms", "pr_auc")} == {
+                k: one[p][k] for k in ("failures", "caught", "false_alarms", "pr_auc")
+            }
+    assert [d["name"] for d in pooled["_info"]["datasets"]] == [name, f"{name}-2"]
+    assert pooled["_info"]["dataset_fingerprint"] != data.fingerprint
+    report = (tmp_path / "pool" / "report.md").read_text()
+    assert f"| {name}-2 | model |" in report
 
 
 def test_evaluate_refuses_another_feature_set(trained, synthetic_cluster_other, tmp_path):
@@ -120,4 +150,4 @@ def test_evaluate_refuses_another_feature_set(trained, synthetic_cluster_other, 
     other = synthetic_cluster_other.features.rename(columns={"noise_0": "noise_x"})
     data = build_labelled(synthetic_cluster_other.data_dir, 3_600_000, features=other)
     with pytest.raises(ValueError, match="feature set"):
-        evaluate(model, synthetic_cluster_other.data_dir, tmp_path, data=data)
+        evaluate(model, [synthetic_cluster_other.data_dir], tmp_path, data=[data])
