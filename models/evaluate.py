@@ -108,7 +108,7 @@ def evaluate(
             data_dir, model.horizon_minutes * 60_000, cadence_ms, feature_set=feature_set,
             dask_address=dask_address,
         )
-        parts.append(_score_dataset(model, name, labelled, len(names), per_dataset=pooled))
+        parts.append(_score_dataset(model, name, labelled, pool_size=len(names)))
         del labelled  # one dataset's features at a time
     cadences = {part.cadence_ms for part in parts}
     if len(cadences) > 1:
@@ -152,10 +152,12 @@ class _Scored:
     info: dict[str, Any]
 
 
-def _score_dataset(
-    model: RiskModel, name: str, labelled: LabelledData, of: int, per_dataset: bool
-) -> _Scored:
+def _score_dataset(model: RiskModel, name: str, labelled: LabelledData, pool_size: int) -> _Scored:
+    """Score one dataset and keep what the pool needs; its share of the SHAP sample is
+    ``SHAP_ROWS / pool_size`` rows."""
     from models.plots import SHAP_ROWS
+
+    per_dataset = pool_size > 1
 
     if labelled.feature_set_hash != model.feature_set_hash:
         raise ValueError(
@@ -171,7 +173,8 @@ def _score_dataset(
     kept = rows.frame[[c for c in EVAL_COLUMNS if c in rows.frame]].assign(**scores)
     if per_dataset:
         kept["node"] = name + "/" + kept["node"]
-    sample = rows.frame[model.feature_names].sample(min(len(rows.frame), SHAP_ROWS // of), random_state=0)
+    share = min(len(rows.frame), SHAP_ROWS // pool_size)
+    sample = rows.frame[model.feature_names].sample(share, random_state=0)
     manifest = {k: labelled.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")}
     info = {"name": name, **manifest, "fingerprint": labelled.fingerprint}
     return _Scored(kept, rows.cadence_ms, sample, metrics, info)
