@@ -31,14 +31,13 @@ from pathlib import Path
 from typing import Final
 
 from ingest.collectors.base import CollectorOptions, CollectorUnavailable
-from ingest.contract import NodeEvent
+from ingest.contract import UNAVAILABLE_EVENTS, NodeEvent
 
 __all__ = ["NodeStateCollector", "PollFailed", "SERVICE_CLASSES", "check_state_file"]
 
 log = logging.getLogger(__name__)
 
 SERVICE_CLASSES: Final = ("down", "drained", "up")
-_OUT_OF_SERVICE: Final = frozenset({"down", "drained"})
 
 Poll = Callable[[], dict[str, tuple[str, str]]]
 """One read of the scheduler: {node: (service class, the scheduler's own words for the detail)}."""
@@ -52,7 +51,7 @@ def _event(previous: str | None, current: str) -> str | None:
     """The event a change of class publishes (``None``: nothing to say)."""
     if current == previous:
         return None
-    if current in _OUT_OF_SERVICE:
+    if current in UNAVAILABLE_EVENTS:  # down, drained: the class is the event
         return current
     if previous is None:
         return None
