@@ -1,15 +1,18 @@
 """The trained risk model as the predictor, the mitigator and the notebooks use it.
 
-A :class:`RiskModel` is a LightGBM booster plus everything needed to turn its raw score into an
+A :class:`RiskModel` is a LightGBM booster (optionally boosted on top of a weighted logistic
+regression, its *linear prior*) plus everything needed to turn its raw score into an
 operator-facing decision: the ordered feature names and the hash of the feature set they came
 from (the predictor refuses a model whose hash differs from its own), a Platt calibration of the
 raw margin (fitted on the validation split, so ``predict_proba`` is a probability of failing
 within ``horizon_minutes``), the alert threshold chosen for the false-alarm budget, the metrics
 measured when it was trained, and the fitted parameters of the baselines it was compared with.
 
-Saved form (no pickles): ``model.txt`` (LightGBM's own text format) and ``risk_model.json``.
-Inside MLflow the booster is logged through the lightgbm flavour (``model.lgb``, text) and the
-same JSON travels as the flavour's ``metadata`` in the ``MLmodel`` file.
+Saved form (no pickles): ``model.txt`` (LightGBM's own text format) and ``risk_model.json``
+(which holds the linear prior's coefficients). Inside MLflow the booster is logged through the
+lightgbm flavour (``model.lgb``, text) and the same JSON travels as the flavour's ``metadata`` in
+the ``MLmodel`` file. The flavour's own ``pyfunc`` scores the trees alone, without the prior and
+the calibration: load a model with :meth:`RiskModel.load`, as the predictor does.
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
+from models.baselines import LogisticBaseline
+
 __all__ = ["RiskModel", "MODEL_FILE", "META_FILE"]
 
 MODEL_FILE = "model.txt"
 META_FILE = "risk_model.json"
 _MLFLOW_MODEL_FILE = "model.lgb"
-_FORMAT = 1
+_FORMAT = 2
+_READABLE_FORMATS = (1, 2)  # format 1: no linear prior
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -38,10 +44,13 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 class RiskModel:
     """A calibrated LightGBM failure-risk model for one feature set and one horizon.
 
-    ``calibration`` is ``(a, b)``: ``P(fail within H) = sigmoid(a * margin + b)`` where ``margin``
-    is the booster's raw log-odds score. The map is strictly increasing (``a > 0``), so ranking
-    metrics are the booster's own and SHAP contributions (which add up to the margin) keep their
-    sign. ``threshold`` applies to the calibrated probability.
+    ``margin`` is the booster's raw log-odds score plus ``prior_weight`` times the log-odds of
+    ``prior``, a logistic regression on the same features whose log-odds the trees were boosted
+    from (LightGBM ``init_score``): the trees add what the linear model misses, and the linear
+    part keeps rising with an error counter past the trees' last split. ``calibration`` is
+    ``(a, b)``: ``P(fail within H) = sigmoid(a * margin + b)``. The map is strictly increasing
+    (``a > 0``), so ranking metrics are the margin's own and SHAP contributions (which add up to
+    the margin) keep their sign. ``threshold`` applies to the calibrated probability.
     """
 
     def __init__(
@@ -56,9 +65,13 @@ class RiskModel:
         version: str = "",
         metrics: dict[str, Any] | None = None,
         baselines: dict[str, Any] | None = None,
+        prior: LogisticBaseline | None = None,
+        prior_weight: float = 0.0,
     ) -> None:
         if list(booster.feature_name()) != list(feature_names):
             raise ValueError("booster features differ from feature_names")
+        if prior is not None and prior.feature_names != list(feature_names):
+            raise ValueError("the linear prior's features differ from feature_names")
         if calibration[0] <= 0:
             raise ValueError("calibration slope must be positive (a monotone map)")
         self.booster = booster
@@ -70,6 +83,8 @@ class RiskModel:
         self.version = version
         self.metrics = dict(metrics or {})
         self.baselines = dict(baselines or {})
+        self.prior = prior if prior_weight > 0 else None
+        self.prior_weight = float(prior_weight) if self.prior is not None else 0.0
 
     # ---- scoring -------------------------------------------------------------------------
     def matrix(self, frame: pd.DataFrame | np.ndarray) -> np.ndarray:
@@ -87,8 +102,10 @@ class RiskModel:
         return frame[self.feature_names].to_numpy(dtype=np.float64, na_value=np.nan)
 
     def margin(self, frame: pd.DataFrame | np.ndarray) -> np.ndarray:
-        """The booster's raw log-odds score per row (before calibration)."""
-        return np.asarray(self.booster.predict(self.matrix(frame), raw_score=True), dtype=np.float64)
+        """The log-odds score per row before calibration: trees plus the weighted linear prior."""
+        x = self.matrix(frame)
+        trees = np.asarray(self.booster.predict(x, raw_score=True), dtype=np.float64)
+        return trees if self.prior is None else trees + self.prior_weight * self.prior.log_odds(x)
 
     def predict_proba(self, frame: pd.DataFrame | np.ndarray) -> np.ndarray:
         """Calibrated probability that each row's node fails within ``horizon_minutes``."""
@@ -100,11 +117,16 @@ class RiskModel:
         return self.predict_proba(frame) >= self.threshold
 
     def contributions(self, frame: pd.DataFrame | np.ndarray) -> np.ndarray:
-        """SHAP values from LightGBM's ``pred_contrib``: rows x (features + 1), last column the bias.
-
-        Each row sums to the raw margin (log-odds before calibration).
-        """
-        return np.asarray(self.booster.predict(self.matrix(frame), pred_contrib=True), dtype=np.float64)
+        """SHAP values: rows x (features + 1), last column the bias; each row sums to
+        :meth:`margin`. The trees' come from LightGBM's ``pred_contrib``, to which the weighted
+        linear prior adds its own (exact for a linear model: coefficient times standardised
+        input, its intercept to the bias)."""
+        x = self.matrix(frame)
+        contrib = np.asarray(self.booster.predict(x, pred_contrib=True), dtype=np.float64)
+        if self.prior is not None:
+            contrib[:, :-1] += self.prior_weight * self.prior.terms(x)
+            contrib[:, -1] += self.prior_weight * self.prior.intercept_
+        return contrib
 
     def top_features(
         self, frame: pd.DataFrame | np.ndarray, k: int = 5
@@ -136,13 +158,17 @@ class RiskModel:
             "version": self.version,
             "metrics": self.metrics,
             "baselines": self.baselines,
+            "linear_prior": None
+            if self.prior is None
+            else {"weight": self.prior_weight, **self.prior.to_json()},
         }
 
     @classmethod
     def from_parts(cls, booster: lgb.Booster, meta: dict[str, Any], version: str | None = None) -> RiskModel:
         """Rebuild from a booster and :meth:`metadata` output (``version`` overrides the stored one)."""
-        if meta.get("format") != _FORMAT:
+        if meta.get("format") not in _READABLE_FORMATS:
             raise ValueError(f"unknown risk model format {meta.get('format')!r}")
+        prior = meta.get("linear_prior")
         return cls(
             booster,
             feature_names=list(meta["feature_names"]),
@@ -153,6 +179,8 @@ class RiskModel:
             version=meta.get("version", "") if version is None else version,
             metrics=meta.get("metrics"),
             baselines=meta.get("baselines"),
+            prior=None if prior is None else LogisticBaseline.from_json(prior),
+            prior_weight=0.0 if prior is None else float(prior["weight"]),
         )
 
     def save(self, directory: str | Path) -> Path:

@@ -59,6 +59,7 @@ UNCORRECTABLE_COUNTERS = ("ecc_dbe_vol_total", "uncorrectable_remapped_rows", "r
 SBE_COUNTER = "ecc_sbe_vol_total"
 RULE_COLUMNS = ("rule_critical", "rule_sbe_per_min")
 SBE_REFERENCE_PER_MIN = 1.0
+_BLOCK_ROWS = 200_000  # rows standardised at once by LogisticBaseline (about 160 MB of float64)
 
 
 def _bucket(ts: np.ndarray, cadence_ms: int) -> np.ndarray:
@@ -209,7 +210,8 @@ class LogisticBaseline:
         self.max_rows = max_rows
         self.seed = seed
 
-    def _x(self, frame: pd.DataFrame) -> np.ndarray:
+    def matrix(self, frame: pd.DataFrame) -> np.ndarray:
+        """The frame's features in ``feature_names`` order; infinities become missing values."""
         x = frame[self.feature_names].to_numpy(dtype=np.float64, na_value=np.nan)
         return np.where(np.isfinite(x), x, np.nan)
 
@@ -217,7 +219,7 @@ class LogisticBaseline:
         """Fit on (a seeded subsample of at most ``max_rows`` of) the training rows."""
         from sklearn.linear_model import LogisticRegression
 
-        x = self._x(frame)
+        x = self.matrix(frame)
         if len(x) > self.max_rows:
             keep = np.random.default_rng(self.seed).choice(len(x), self.max_rows, replace=False)
             x, y = x[keep], np.asarray(y)[keep]
@@ -231,11 +233,35 @@ class LogisticBaseline:
         self.coef_, self.intercept_ = clf.coef_[0], float(clf.intercept_[0])
         return self
 
+    def _standardised(self, x: np.ndarray) -> np.ndarray:
+        x = np.where(np.isfinite(x), x, np.nan)
+        return (np.where(np.isnan(x), self.median_, x) - self.mean_) / self.scale_
+
+    def terms(self, x: np.ndarray) -> np.ndarray:
+        """Each feature's share of the log-odds for a matrix in ``feature_names`` order: rows x
+        features, summing with ``intercept_`` to :meth:`log_odds`. The standardised inputs average
+        zero on the fitted rows, so these are the linear model's SHAP values and ``intercept_`` its
+        expected log-odds there."""
+        return self._standardised(x) * self.coef_
+
+    def log_odds(self, x: np.ndarray) -> np.ndarray:
+        """The fitted log-odds for a matrix in ``feature_names`` order (missing values imputed),
+        a block of rows at a time: standardising makes copies, and a training matrix is gigabytes."""
+        out = np.empty(len(x))
+        for i in range(0, len(x), _BLOCK_ROWS):
+            out[i : i + _BLOCK_ROWS] = self._standardised(x[i : i + _BLOCK_ROWS]) @ self.coef_
+        return out + self.intercept_
+
+    def frame_log_odds(self, frame: pd.DataFrame) -> np.ndarray:
+        """:meth:`log_odds` of a frame's rows, a block at a time (its float64 matrix is never whole)."""
+        out = np.empty(len(frame))
+        for i in range(0, len(frame), _BLOCK_ROWS):
+            out[i : i + _BLOCK_ROWS] = self.log_odds(self.matrix(frame.iloc[i : i + _BLOCK_ROWS]))
+        return out
+
     def score(self, frame: pd.DataFrame) -> np.ndarray:
         """Probability-like score (not calibrated: class weights shift it; ranking is what counts)."""
-        x = self._x(frame)
-        x = (np.where(np.isnan(x), self.median_, x) - self.mean_) / self.scale_
-        return 1.0 / (1.0 + np.exp(-np.clip(x @ self.coef_ + self.intercept_, -500, 500)))
+        return 1.0 / (1.0 + np.exp(-np.clip(self.frame_log_odds(frame), -500, 500)))
 
     def to_json(self) -> dict[str, Any]:
         return {

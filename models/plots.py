@@ -3,8 +3,10 @@
 - ``pr_curves.png``: precision-recall curves of the model and the baselines on the same rows.
 - ``lead_time.png``: histogram of lead times (minutes from first alert to failure) of the
   failures each predictor caught at its budget threshold.
-- ``importance_gain.png`` and ``importance_shap.png``: the model's top features by total split
-  gain and by mean |SHAP| from LightGBM's ``pred_contrib`` on (a sample of) the scored rows.
+- ``importance_gain.png`` and ``importance_shap.png``: the model's top features by the trees'
+  total split gain (the linear prior has none) and by mean |SHAP| on (a sample of) the scored
+  rows (:meth:`~models.artifact.RiskModel.contributions`: LightGBM's ``pred_contrib`` plus the
+  linear prior's terms).
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def write_plots(
         _barh(
             out_dir / "importance_gain.png",
             dict(zip(model.feature_names, map(float, gain), strict=True)),
-            "Feature importance (total gain)",
+            "Feature importance (trees' total gain)",
             "gain",
         )
     )
@@ -106,7 +108,7 @@ def write_plots(
         _barh(
             out_dir / "importance_shap.png",
             shap_importance(model, rows.frame if shap_frame is None else shap_frame),
-            "Feature importance (mean |SHAP|, pred_contrib)",
+            "Feature importance (mean |SHAP|, trees and linear prior)",
             "mean |contribution| (log-odds)",
         )
     )

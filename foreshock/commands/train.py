@@ -41,6 +41,13 @@ def register(app: typer.Typer) -> None:
         alert_clear: str = typer.Option(
             "30m", "--alert-clear", help="an alert episode ends after this long with no alerting score"
         ),
+        prior_weight: float = typer.Option(
+            0.3,
+            "--prior-weight",
+            min=0.0,
+            help="boost the trees from this times logistic regression's log-odds, if that beats trees "
+            "alone on validation (0: trees alone)",
+        ),
         no_register: bool = typer.Option(False, "--no-register", help="skip MLflow logging and registration"),
         seed: int = typer.Option(0, "--seed"),
     ) -> None:
@@ -60,6 +67,7 @@ def register(app: typer.Typer) -> None:
             budget_per_1000_node_days=budget,
             censor_ms=option_ms(censor, "--censor"),
             clear_ms=option_ms(alert_clear, "--alert-clear"),
+            prior_weight=prior_weight,
             seed=seed,
         )
         print_table(json.loads((out / "metrics.json").read_text()))

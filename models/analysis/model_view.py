@@ -4,7 +4,8 @@
 (``models:/foreshock-risk@champion``): both give the model, its ``metrics.json`` and the folder
 holding the training report's plots (for a registered model, the run's artifacts downloaded from
 MLflow). :func:`test_rows` rebuilds the rows of the run's test period from the dataset, so single
-failures can be explained with the model's SHAP values (LightGBM ``pred_contrib``).
+failures can be explained with the model's SHAP values (LightGBM ``pred_contrib`` for the trees,
+plus the linear prior's exact terms: :meth:`models.artifact.RiskModel.contributions`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from models.train import train_from_dataset
+from models.train import PRIOR_WEIGHT, train_from_dataset
 
 pytestmark = pytest.mark.integration
 
@@ -31,3 +31,7 @@ def test_lightgbm_dask_on_a_local_cluster(synthetic_cluster, tmp_path):
     assert metrics["model"]["pr_auc"] > metrics["rules"]["pr_auc"]
     assert metrics["model"]["pr_auc"] > 5 * metrics["model"]["base_rate"]
     assert model.predict_proba(synthetic_cluster.features.head(10)).shape == (10,)
+    # both candidates, trees alone and trees on the linear prior, trained through lightgbm.dask
+    val_ap = metrics["_info"]["prior_val_pr_auc"]
+    assert set(val_ap) == {"0", f"{PRIOR_WEIGHT:g}"}
+    assert f"{model.prior_weight:g}" == max(val_ap, key=val_ap.get)

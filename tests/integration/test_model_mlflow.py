@@ -51,6 +51,7 @@ def test_champion_moves_only_when_the_new_model_wins(synthetic_cluster, mlflow_s
     assert champion.version == "2" and champion.feature_set_hash == good.feature_set_hash
     assert np.allclose(champion.predict_proba(features.head(200)), good.predict_proba(features.head(200)))
     assert champion.baselines["logistic"]["coef"] == good.baselines["logistic"]["coef"]
+    assert champion.prior_weight == good.prior_weight > 0  # the linear prior travels in the metadata
 
     client = MlflowClient(mlflow_server, registry_uri=mlflow_server)
     mv = client.get_model_version_by_alias(MODEL_NAME, CHAMPION_ALIAS)
@@ -104,6 +105,8 @@ def test_cli_train_and_evaluate_a_registered_model(mlflow_server, tmp_path):
             "3h",
             "--alert-clear",
             "20m",
+            "--prior-weight",
+            "0.2",
             "--out",
             str(tmp_path / "run"),
         ],
@@ -114,7 +117,7 @@ def test_cli_train_and_evaluate_a_registered_model(mlflow_server, tmp_path):
     info = json.loads((tmp_path / "run" / "metrics.json").read_text())["_info"]
     version = info["registry"]["version"]
     assert info["censor_ms"] == 3 * 3_600_000 and info["cadence_ms"] == 60_000
-    assert info["alert_clear_ms"] == 20 * 60_000
+    assert info["alert_clear_ms"] == 20 * 60_000 and set(info["prior_val_pr_auc"]) == {"0", "0.2"}
     assert f"version {version}" in result.output
     result = runner.invoke(
         app,

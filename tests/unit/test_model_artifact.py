@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from models.artifact import META_FILE, MODEL_FILE, RiskModel
+from models.baselines import LogisticBaseline
 from models.train import platt_calibration
 
 
@@ -28,6 +29,52 @@ def model():
     )
     m.calibration = platt_calibration(m.margin(x), y)
     return m, x, y
+
+
+@pytest.fixture(scope="module")
+def prior_model(model):
+    """Trees boosted from half a logistic regression's log-odds, as ``train_on`` builds them."""
+    _, x, y = model
+    prior = LogisticBaseline(list(x.columns)).fit(x, y)
+    init = 0.5 * prior.log_odds(prior.matrix(x))
+    booster = lgb.train(
+        {"objective": "binary", "verbose": -1, "num_threads": 1}, lgb.Dataset(x, y, init_score=init), 30
+    )
+    m = RiskModel(
+        booster, feature_names=list(x.columns), feature_set_hash="abc", threshold=0.4,
+        prior=prior, prior_weight=0.5,
+    )
+    m.calibration = platt_calibration(m.margin(x), y)
+    return m, x
+
+
+def test_the_linear_prior_keeps_rising_past_the_trees_last_split(prior_model):
+    m, x = prior_model
+    rows = pd.DataFrame({"sbe": [4.0, 8.0, 16.0, np.nan], "temp": 0.0, "noise_a": 0.0, "noise_b": 0.0})
+    trees = m.booster.predict(rows, raw_score=True)
+    assert trees[0] == trees[1] == trees[2]  # past the largest training value a tree is flat
+    margin = m.margin(rows)
+    assert np.allclose(margin, trees + 0.5 * m.prior.log_odds(rows.to_numpy()))
+    assert margin[0] < margin[1] < margin[2]
+    contrib = m.contributions(rows)
+    assert np.allclose(contrib.sum(axis=1), margin)
+    sbe = m.feature_names.index("sbe")
+    assert contrib[2, sbe] - contrib[1, sbe] == pytest.approx(margin[2] - margin[1])
+    assert m.top_features(rows, k=1)[2][0][0] == "sbe"
+
+
+def test_the_linear_prior_travels_with_the_saved_model(prior_model, tmp_path):
+    m, x = prior_model
+    m.save(tmp_path)
+    meta = json.loads((tmp_path / META_FILE).read_text())
+    assert meta["linear_prior"]["weight"] == 0.5 and meta["linear_prior"]["feature_names"] == m.feature_names
+    loaded = RiskModel.load(tmp_path)
+    assert np.allclose(loaded.predict_proba(x), m.predict_proba(x))
+    assert np.allclose(loaded.contributions(x.head(20)), m.contributions(x.head(20)))
+    # a model saved before the prior existed (format 1) scores with its trees alone
+    (tmp_path / META_FILE).write_text(json.dumps({**meta, "format": 1, "linear_prior": None}))
+    old = RiskModel.load(tmp_path)
+    assert old.prior is None and np.allclose(old.margin(x), m.booster.predict(x, raw_score=True))
 
 
 def test_probabilities_are_calibrated_and_rank_like_the_margin(model):

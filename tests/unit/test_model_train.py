@@ -10,7 +10,7 @@ import pytest
 import models.train
 from models.artifact import RiskModel
 from models.evaluate import evaluate
-from models.train import DEFAULT_PARAMS, min_leaf_rows, train_from_dataset
+from models.train import DEFAULT_PARAMS, PRIOR_WEIGHT, min_leaf_rows, train_from_dataset
 
 REQUIRED = (
     "pr_auc",
@@ -71,6 +71,29 @@ def test_leaf_rows_grow_with_the_training_rows(synthetic_cluster, tmp_path, monk
     info = json.loads((tmp_path / "metrics.json").read_text())["_info"]
     used = info["lgb_params"]["min_child_samples"]
     assert used == round(info["train_rows_used"] / 40) and used > floor
+
+
+def test_trees_are_boosted_from_the_weighted_logistic_baseline(trained, synthetic_cluster, tmp_path):
+    """The model's linear prior is the logistic baseline it is compared with, and its margin
+    is the trees plus that baseline's weighted log-odds; weight 0 trains trees alone."""
+    model, _, metrics = trained
+    assert model.prior_weight == metrics["_info"]["prior_weight"] == PRIOR_WEIGHT > 0
+    val_ap = metrics["_info"]["prior_val_pr_auc"]  # the prior is kept because it wins on validation
+    assert set(val_ap) == {"0", f"{PRIOR_WEIGHT:g}"} and val_ap[f"{PRIOR_WEIGHT:g}"] > val_ap["0"]
+    logistic = model.baselines["logistic"]
+    assert model.prior.coef_.tolist() == logistic["coef"] and model.prior.intercept_ == logistic["intercept"]
+    x = model.matrix(synthetic_cluster.features.head(300))
+    trees = model.booster.predict(x, raw_score=True)
+    assert np.allclose(model.margin(x), trees + PRIOR_WEIGHT * model.prior.log_odds(x))
+    alone = train_from_dataset(
+        synthetic_cluster.data_dir, tmp_path, features=synthetic_cluster.features, register=False,
+        prior_weight=0.0,
+    )
+    assert alone.prior is None
+    info = json.loads((tmp_path / "metrics.json").read_text())["_info"]
+    assert info["prior_weight"] == 0 and set(info["prior_val_pr_auc"]) == {"0"}
+    assert np.allclose(alone.margin(x), alone.booster.predict(x, raw_score=True))
+    assert not np.allclose(alone.booster.predict(x, raw_score=True), trees)
 
 
 def test_model_beats_rules_and_warns_ahead(trained):
