@@ -12,7 +12,7 @@ Recipe (each step on the time split of :mod:`models.splits`, nothing shuffled):
    twice as strong; the linear part keeps rising with the count. Of the weights 0.1, 0.2, 0.3
    and 1.0, 0.3 had the best validation PR-AUC (llama3, 14 days: 0.274 against 0.263-0.271; 0
    gave 0.266); on pools of unseen seeds it took the failures caught at 1 false alarm per 1,000
-   node-days from 175 to 252 on infinitehbd and from 337 to 359 on llama3 (models/README.md).
+   node-days from 175 to 253 on infinitehbd and from 337 to 359 on llama3 (models/README.md).
    Small trees (see :data:`DEFAULT_PARAMS`; the rows
    per leaf grow with the training rows, :func:`min_leaf_rows`), and the iterations kept are
    those with the best validation average precision, at least :data:`MIN_ROUNDS` of them (a
@@ -205,12 +205,13 @@ def fit_with_prior(
     period: on the demo's 48 nodes and 2 days its 10 highest-scored validation rows are all
     negatives, and the trees built on it lost their calibration (Platt slope at its floor)."""
     y_train, y_val = train["label"].to_numpy(), val["label"].to_numpy()
-    linear = {"train": prior.frame_log_odds(train), "val": prior.frame_log_odds(val)}
+    weights = sorted({0.0, max(prior_weight, 0.0)})
+    linear = {"train": prior.frame_log_odds(train), "val": prior.frame_log_odds(val)} if weights[-1] else {}
     fitted: dict[float, tuple[lgb.Booster, float]] = {}
-    for weight in sorted({0.0, max(prior_weight, 0.0)}):
+    for weight in weights:
         init = None if weight == 0 else (weight * linear["train"], weight * linear["val"])
         booster = fit_booster(train[names], y_train, val[names], y_val, params, dask_address, init=init)
-        margin = booster.predict(val[names], raw_score=True) + weight * linear["val"]
+        margin = booster.predict(val[names], raw_score=True) + (init[1] if init else 0.0)
         fitted[weight] = (booster, float(average_precision_score(y_val, margin)))
     best = max(fitted, key=lambda w: fitted[w][1])  # ascending weights: a tie keeps the trees alone
     return fitted[best][0], best, {f"{w:g}": ap for w, (_, ap) in fitted.items()}
