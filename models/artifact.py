@@ -4,7 +4,7 @@ A :class:`RiskModel` is a LightGBM booster (optionally boosted on top of a weigh
 regression, its *linear prior*) plus everything needed to turn its raw score into an
 operator-facing decision: the ordered feature names and the hash of the feature set they came
 from (the predictor refuses a model whose hash differs from its own), a Platt calibration of the
-raw margin (fitted on the validation split, so ``predict_proba`` is a probability of failing
+margin (fitted on the validation split, so ``predict_proba`` is a probability of failing
 within ``horizon_minutes``), the alert threshold chosen for the false-alarm budget, the metrics
 measured when it was trained, and the fitted parameters of the baselines it was compared with.
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import models.train
 from models.artifact import RiskModel
+from models.baselines import LogisticBaseline
 from models.evaluate import evaluate
-from models.train import DEFAULT_PARAMS, PRIOR_WEIGHT, min_leaf_rows, train_from_dataset
+from models.train import DEFAULT_PARAMS, PRIOR_WEIGHT, fit_with_prior, min_leaf_rows, train_from_dataset
 
 REQUIRED = (
     "pr_auc",
@@ -94,6 +96,21 @@ def test_trees_are_boosted_from_the_weighted_logistic_baseline(trained, syntheti
     assert info["prior_weight"] == 0 and set(info["prior_val_pr_auc"]) == {"0"}
     assert np.allclose(alone.margin(x), alone.booster.predict(x, raw_score=True))
     assert not np.allclose(alone.booster.predict(x, raw_score=True), trees)
+
+
+def test_a_prior_that_loses_on_validation_is_dropped():
+    """Training keeps the trees on the prior only when they win on validation: a prior that
+    points the wrong way (a logistic fit with its coefficients reversed) leaves the trees alone."""
+    rng = np.random.default_rng(1)
+    x = pd.DataFrame(rng.normal(size=(6000, 3)), columns=["a", "b", "c"])
+    frame = x.assign(label=(x["a"] + rng.normal(scale=0.7, size=len(x)) > 1.5).astype(int))
+    train, val = frame.iloc[:4000], frame.iloc[4000:]
+    fitted = LogisticBaseline(["a", "b", "c"]).fit(train, train["label"].to_numpy())
+    reversed_prior = LogisticBaseline.from_json({**fitted.to_json(), "coef": (-fitted.coef_).tolist()})
+    params = {**DEFAULT_PARAMS, "min_child_samples": 50}
+    booster, weight, val_ap = fit_with_prior(train, val, ["a", "b", "c"], params, reversed_prior, 1.0)
+    assert weight == 0.0 and val_ap["0"] > val_ap["1"]
+    assert booster.current_iteration() >= 1
 
 
 def test_model_beats_rules_and_warns_ahead(trained):
