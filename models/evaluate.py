@@ -158,7 +158,6 @@ def _score_dataset(model: RiskModel, name: str, labelled: LabelledData, pool_siz
     from models.plots import SHAP_ROWS
 
     per_dataset = pool_size > 1
-
     if labelled.feature_set_hash != model.feature_set_hash:
         raise ValueError(
             f"model was trained on feature set {model.feature_set_hash}, "

@@ -168,7 +168,7 @@ def fit_booster(
 
     with Client(dask_address) as client:
         workers = max(1, len(client.scheduler_info()["workers"]))
-        columns = {"_label": y_train} if init_train is None else {"_label": y_train, "_init": init_train}
+        columns = {"_label": y_train, **({} if init_train is None else {"_init": init_train})}
         train = dd.from_pandas(x_train.assign(**columns), npartitions=workers)
         local = {k: v for k, v in params.items() if k != "n_jobs"}  # lightgbm.dask sets threads per worker
         local.setdefault("n_estimators", DASK_ROUNDS)
