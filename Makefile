@@ -8,10 +8,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install services kafka-jars kafka-up kafka-down test test-unit lint demo bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' -c constraints.txt
 	touch $@
 
 install: $(STAMP)

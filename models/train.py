@@ -7,7 +7,7 @@ Recipe (each step on the time split of :mod:`models.splits`, nothing shuffled):
    is judged against and the model's *linear prior*.
 2. LightGBM binary classifier on train rows, boosted from :data:`PRIOR_WEIGHT` times the
    baseline's log-odds (LightGBM ``init_score``) rather than from the base rate, when that beats
-   trees alone on validation (:func:`fit_with_prior`). A tree's score
+   trees alone on validation and its margin still calibrates (:func:`fit_with_prior`). A tree's score
    is flat past its last split, so harmless single-bit ECC bursts scored as high as foreshocks
    twice as strong; the linear part keeps rising with the count. Of the weights 0.1, 0.2, 0.3
    and 1.0, 0.3 had the best validation PR-AUC (llama3, 14 days: 0.274 against 0.263-0.271; 0
@@ -70,6 +70,7 @@ __all__ = [
     "censor_before_failures",
     "fit_booster",
     "fit_with_prior",
+    "choose_prior_weight",
     "platt_calibration",
 ]
 
@@ -96,6 +97,9 @@ NEGATIVES_PER_POSITIVE = math.inf
 LOGISTIC_NEGATIVES_PER_POSITIVE = 10.0
 CENSOR_MS = 6 * 3_600_000
 PRIOR_WEIGHT = 0.3
+# Platt's slope is kept at least this (a monotone map); a margin that needs the floor does not
+# calibrate, and fit_with_prior does not choose it
+MIN_PLATT_SLOPE = 1e-6
 DASK_ROUNDS = 200
 # a leaf holds at least this share of the training rows (and never fewer than the 500 of
 # DEFAULT_PARAMS): 500 was chosen on about a million rows (llama3, 14 days, 5-minute rows). Rows
@@ -195,33 +199,52 @@ def fit_with_prior(
     prior: LogisticBaseline,
     prior_weight: float,
     dask_address: str | None = None,
-) -> tuple[lgb.Booster, float, dict[str, float]]:
+) -> tuple[lgb.Booster, float, dict[str, dict[str, float]]]:
     """Fit trees alone and, when ``prior_weight`` > 0, trees boosted from ``prior_weight`` times
     ``prior``'s log-odds; keep the one whose margin has the higher validation average precision
-    (a tie keeps the trees alone). Returns the booster, its weight and each candidate's AP.
+    (a tie keeps the trees alone), among those whose margin calibrates (Platt slope above
+    :data:`MIN_PLATT_SLOPE`). Returns the booster, its weight and, per candidate, its validation
+    ``pr_auc`` and ``platt_slope``.
 
     Why both: the prior helps where the logistic regression generalises (llama3, 512 nodes, 14
     days: validation PR-AUC 0.274 against 0.266) and hurts where it overfits a short training
     period: on the demo's 48 nodes and 2 days its 10 highest-scored validation rows are all
-    negatives, and the trees built on it lost their calibration (Platt slope at its floor)."""
+    negatives. Why calibration too: there the trees built on it can still rank validation a
+    little better (PR-AUC 0.048 against 0.045 with the libraries of ``constraints.txt``) while
+    their Platt slope falls to its floor, so every probability is the base rate, every node
+    scores the same and the mitigator never acts."""
     y_train, y_val = train["label"].to_numpy(), val["label"].to_numpy()
     weights = sorted({0.0, max(prior_weight, 0.0)})
     linear = {"train": prior.frame_log_odds(train), "val": prior.frame_log_odds(val)} if weights[-1] else {}
-    fitted: dict[float, tuple[lgb.Booster, float]] = {}
+    fitted: dict[float, lgb.Booster] = {}
+    judged: dict[float, dict[str, float]] = {}
     for weight in weights:
         init = None if weight == 0 else (weight * linear["train"], weight * linear["val"])
-        booster = fit_booster(train[names], y_train, val[names], y_val, params, dask_address, init=init)
-        margin = booster.predict(val[names], raw_score=True) + (init[1] if init else 0.0)
-        fitted[weight] = (booster, float(average_precision_score(y_val, margin)))
-    best = max(fitted, key=lambda w: fitted[w][1])  # ascending weights: a tie keeps the trees alone
-    return fitted[best][0], best, {f"{w:g}": ap for w, (_, ap) in fitted.items()}
+        fitted[weight] = fit_booster(
+            train[names], y_train, val[names], y_val, params, dask_address, init=init
+        )
+        margin = fitted[weight].predict(val[names], raw_score=True) + (init[1] if init else 0.0)
+        judged[weight] = {
+            "pr_auc": float(average_precision_score(y_val, margin)),
+            "platt_slope": platt_calibration(margin, y_val)[0],
+        }
+    best = choose_prior_weight(judged)
+    return fitted[best], best, {f"{w:g}": v for w, v in judged.items()}
+
+
+def choose_prior_weight(judged: dict[float, dict[str, float]]) -> float:
+    """The weight of the candidate :func:`fit_with_prior` keeps: the highest validation
+    ``pr_auc`` among trees alone (weight 0, always eligible) and the candidates whose
+    ``platt_slope`` is above the floor; a tie keeps the smaller weight."""
+    eligible = [w for w in sorted(judged) if w == 0 or judged[w]["platt_slope"] > MIN_PLATT_SLOPE]
+    return max(eligible, key=lambda w: judged[w]["pr_auc"])
 
 
 def platt_calibration(margin: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """``(a, b)`` with ``P = sigmoid(a * margin + b)`` fitted on validation; ``a`` kept positive so
     the map stays monotone even for a model with no skill."""
     lr = LogisticRegression(C=1e6, max_iter=1000).fit(margin.reshape(-1, 1), y)
-    return max(float(lr.coef_[0, 0]), 1e-6), float(lr.intercept_[0])
+    return max(float(lr.coef_[0, 0]), MIN_PLATT_SLOPE), float(lr.intercept_[0])
 
 
 def _subsample(frame: pd.DataFrame, negatives_per_positive: float, seed: int) -> pd.DataFrame:
@@ -274,7 +297,7 @@ def train_on(
         "random_state": seed,
         **(params or {}),
     }
-    booster, prior_weight, prior_val_ap = fit_with_prior(
+    booster, prior_weight, candidates = fit_with_prior(
         train, parts["val"], names, params, logistic, prior_weight, dask_address
     )
 
@@ -326,7 +349,8 @@ def train_on(
         "censor_ms": censor_ms,
         "alert_clear_ms": clear_ms,
         "prior_weight": model.prior_weight,
-        "prior_val_pr_auc": prior_val_ap,
+        "prior_val_pr_auc": {w: c["pr_auc"] for w, c in candidates.items()},
+        "prior_val_platt_slope": {w: c["platt_slope"] for w, c in candidates.items()},
         "best_iteration": booster.current_iteration(),
         "lgb_params": params,
         "distributed": dask_address is not None,

@@ -12,7 +12,15 @@ import models.train
 from models.artifact import RiskModel
 from models.baselines import LogisticBaseline
 from models.evaluate import evaluate
-from models.train import DEFAULT_PARAMS, PRIOR_WEIGHT, fit_with_prior, min_leaf_rows, train_from_dataset
+from models.train import (
+    DEFAULT_PARAMS,
+    MIN_PLATT_SLOPE,
+    PRIOR_WEIGHT,
+    choose_prior_weight,
+    fit_with_prior,
+    min_leaf_rows,
+    train_from_dataset,
+)
 
 REQUIRED = (
     "pr_auc",
@@ -108,9 +116,24 @@ def test_a_prior_that_loses_on_validation_is_dropped():
     fitted = LogisticBaseline(["a", "b", "c"]).fit(train, train["label"].to_numpy())
     reversed_prior = LogisticBaseline.from_json({**fitted.to_json(), "coef": (-fitted.coef_).tolist()})
     params = {**DEFAULT_PARAMS, "min_child_samples": 50}
-    booster, weight, val_ap = fit_with_prior(train, val, ["a", "b", "c"], params, reversed_prior, 1.0)
-    assert weight == 0.0 and val_ap["0"] > val_ap["1"]
-    assert booster.current_iteration() >= 1
+    booster, weight, judged = fit_with_prior(train, val, ["a", "b", "c"], params, reversed_prior, 1.0)
+    assert weight == 0.0 and judged["0"]["pr_auc"] > judged["1"]["pr_auc"]
+    assert judged["0"]["platt_slope"] > 0.5 and booster.current_iteration() >= 1
+
+
+def test_a_prior_whose_margin_does_not_calibrate_is_dropped_even_when_it_ranks_better():
+    """The demo's case: trees on an overfitted prior ranked validation a little better (PR-AUC
+    0.048 against 0.045) but their Platt slope fell to its floor, so every node scored the base
+    rate and the mitigator never acted (figures of `make demo`). Such a candidate is not
+    eligible; trees alone always are."""
+    floor = MIN_PLATT_SLOPE
+    demo = {0.0: {"pr_auc": 0.0452, "platt_slope": 0.477}, 0.3: {"pr_auc": 0.0479, "platt_slope": floor}}
+    assert choose_prior_weight(demo) == 0.0
+    calibrated = {0.0: {"pr_auc": 0.266, "platt_slope": 0.9}, 0.3: {"pr_auc": 0.272, "platt_slope": 0.8}}
+    assert choose_prior_weight(calibrated) == 0.3
+    tie = {0.0: {"pr_auc": 0.27, "platt_slope": 1.0}, 0.3: {"pr_auc": 0.27, "platt_slope": 1.0}}
+    assert choose_prior_weight(tie) == 0.0
+    assert choose_prior_weight({0.0: {"pr_auc": 0.1, "platt_slope": MIN_PLATT_SLOPE}}) == 0.0
 
 
 def test_model_beats_rules_and_warns_ahead(trained):
