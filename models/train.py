@@ -12,7 +12,8 @@ Recipe (each step on the time split of :mod:`models.splits`, nothing shuffled):
    twice as strong; the linear part keeps rising with the count. Of the weights 0.1, 0.2, 0.3
    and 1.0, 0.3 had the best validation PR-AUC (llama3, 14 days: 0.274 against 0.263-0.271; 0
    gave 0.266); on pools of unseen seeds it took the failures caught at 1 false alarm per 1,000
-   node-days from 175 to 253 on infinitehbd and from 337 to 359 on llama3 (models/README.md).
+   node-days from 175 to 253 on infinitehbd and from 337 to 359 on llama3 (models/README.md;
+   measured before constraints.txt pinned the libraries).
    Small trees (see :data:`DEFAULT_PARAMS`; the rows
    per leaf grow with the training rows, :func:`min_leaf_rows`), and the iterations kept are
    those with the best validation average precision, at least :data:`MIN_ROUNDS` of them (a
@@ -207,7 +208,7 @@ def fit_with_prior(
     ``pr_auc`` and ``platt_slope``.
 
     Why both: the prior helps where the logistic regression generalises (llama3, 512 nodes, 14
-    days: validation PR-AUC 0.274 against 0.266) and hurts where it overfits a short training
+    days: validation PR-AUC 0.272 against 0.266) and hurts where it overfits a short training
     period: on the demo's 48 nodes and 2 days its 10 highest-scored validation rows are all
     negatives. Why calibration too: there the trees built on it can still rank validation a
     little better (PR-AUC 0.048 against 0.045 with the libraries of ``constraints.txt``) while
