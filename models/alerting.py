@@ -24,6 +24,9 @@ Definitions (used for every predictor alike, so the numbers compare):
   rows). It is **caught** when one of those rows alerts, and its **lead time** is ``f`` minus the
   first such alerting row's ``ts`` (so 0 < lead <= H). ``recall_at_budget`` is caught / evaluated.
   ``median_lead_minutes_ci95`` is a bootstrap interval of the median lead over caught failures.
+  ``caught_15_minutes_ahead`` counts the detectable failures caught at least
+  :data:`WARNING_MINUTES` ahead. Unlike the median lead it never falls when a predictor also
+  catches failures that show only in the last minutes, so it is the figure for "warns earlier".
 - The **budget threshold** is the lowest threshold whose false-alarm rate on the given rows
   (validation, when training) stays within the budget.
 - **Recall at equal false-alarm rates** (``recall_at_rates``) sets each predictor's threshold on
@@ -39,12 +42,13 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["EvalRows", "EVAL_COLUMNS", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES", "AFTER_RETURN_MS",
-           "episode_starts", "median_interval"]
+           "WARNING_MINUTES", "episode_starts", "median_interval"]
 
 DAY_MS = 86_400_000
 ALERT_CLEAR_MS = 30 * 60_000
 EQUAL_RATES = (1.0, 2.0, 5.0, 10.0)  # false alarms per 1,000 node-days for ``recall_at_rates``
 AFTER_RETURN_MS = 60 * 60_000  # ``false_alarms_after_return``: the longest error-counter window
+WARNING_MINUTES = 15  # ``caught_15_minutes_ahead``: time to checkpoint, drain and migrate ranks
 # what EvalRows reads of a labelled frame (``returned_ts`` when there); scores come beside them
 EVAL_COLUMNS = ("node", "ts", "label", "failure_ts", "cause", "detectable", "returned_ts")
 
@@ -184,6 +188,8 @@ class EvalRows:
         np.minimum.at(first_alert, hit, self._ts[self._pos_rows][pos_alert])
         fts = self.failures["failure_ts"].to_numpy(dtype=np.int64)
         lead = (fts[caught] - first_alert[caught]) / 60_000.0
+        detectable = pd.Series(self.failures["detectable"].to_numpy()[caught], dtype="object").eq(True)
+        detectable_leads = lead[detectable.to_numpy()]
         n_alert_rows = int(alert.sum())
         tp_rows = int((alert & (self.label == 1)).sum())
         return {
@@ -210,9 +216,10 @@ class EvalRows:
                 .map({True: "detectable", False: "undetectable"})
                 .fillna("unknown"),
             ),
-            "median_lead_minutes_detectable": _median_where(
-                lead, self.failures["detectable"].to_numpy()[caught]
+            "median_lead_minutes_detectable": (
+                float(np.median(detectable_leads)) if detectable_leads.size else None
             ),
+            "caught_15_minutes_ahead": int(np.count_nonzero(detectable_leads >= WARNING_MINUTES)),
         }
 
     @staticmethod
@@ -234,8 +241,3 @@ def median_interval(values: np.ndarray, draws: int = 2_000, seed: int = 0) -> li
         return None
     draws_of = np.random.default_rng(seed).choice(values, size=(draws, values.size))
     return [float(x) for x in np.percentile(np.median(draws_of, axis=1), [2.5, 97.5])]
-
-
-def _median_where(lead: np.ndarray, detectable: np.ndarray) -> float | None:
-    mask = pd.Series(detectable, dtype="object").eq(True).to_numpy()
-    return float(np.median(lead[mask])) if mask.any() else None

@@ -15,6 +15,7 @@ TABLE_COLUMNS = (
     ("precision_at_budget", "precision@budget (episodes)"),
     ("false_alarms_per_1000_node_days", "false alarms /1000 node-days"),
     ("median_lead_minutes", "median lead, 95 % interval (min)"),
+    ("caught_15_minutes_ahead", "detectable caught ≥ 15 min ahead"),
     ("detectable_recall", "recall, detectable"),
     ("undetectable_recall", "recall, undetectable"),
 )

@@ -64,6 +64,15 @@ def test_an_episode_that_reaches_into_the_horizon_is_true_and_gaps_split_episode
     assert m["lead_minutes"] == [60.0]  # first alerting row inside [f - H, f)
 
 
+def test_caught_15_minutes_ahead_counts_detectable_failures_warned_at_least_15_minutes_before():
+    frame = _frame()
+    for first_alert, detectable, expected in ((85, True, 1), (86, True, 0), (85, False, 0)):
+        frame["detectable"] = frame["label"].map({1: detectable, 0: None})
+        rows = EvalRows(frame, MIN)
+        m = rows.at_threshold(_score(rows.frame, [("n0", mm) for mm in range(first_alert, 100)]), 0.5)
+        assert m["caught"] == 1 and m["caught_15_minutes_ahead"] == expected, (first_alert, detectable)
+
+
 def test_missed_failure_and_no_alerts():
     rows = EvalRows(_frame(), MIN)
     m = rows.at_threshold(np.zeros(len(rows.frame)), 0.5)
