@@ -205,7 +205,8 @@ def fit_with_prior(
     ``prior``'s log-odds; keep the one whose margin has the higher validation average precision
     (a tie keeps the trees alone), among those whose margin calibrates (Platt slope above
     :data:`MIN_PLATT_SLOPE`). Returns the booster, its weight and, per candidate, its validation
-    ``pr_auc`` and ``platt_slope``.
+    ``pr_auc`` and Platt map (``platt_slope``, ``platt_intercept``): the kept candidate's map is
+    the model's calibration.
 
     Why both: the prior helps where the logistic regression generalises (llama3, 512 nodes, 14
     days: validation PR-AUC 0.272 against 0.266) and hurts where it overfits a short training
@@ -225,9 +226,11 @@ def fit_with_prior(
             train[names], y_train, val[names], y_val, params, dask_address, init=init
         )
         margin = fitted[weight].predict(val[names], raw_score=True) + (init[1] if init else 0.0)
+        slope, intercept = platt_calibration(margin, y_val)
         judged[weight] = {
             "pr_auc": float(average_precision_score(y_val, margin)),
-            "platt_slope": platt_calibration(margin, y_val)[0],
+            "platt_slope": slope,
+            "platt_intercept": intercept,
         }
     best = choose_prior_weight(judged)
     return fitted[best], best, {f"{w:g}": v for w, v in judged.items()}
@@ -312,7 +315,8 @@ def train_on(
         prior=logistic,
         prior_weight=prior_weight,
     )
-    model.calibration = platt_calibration(model.margin(val_rows.frame), val_rows.label)
+    kept = candidates[f"{prior_weight:g}"]
+    model.calibration = (kept["platt_slope"], kept["platt_intercept"])
     scorers = {"model": model.predict_proba, "rules": rule_scores, "logistic": logistic.score}
     thresholds = {
         p: val_rows.threshold_for_budget(scorers[p](val_rows.frame), budget_per_1000_node_days)
