@@ -94,8 +94,7 @@ def role_api(url: str, rps: float, seconds: float, nodes: int) -> None:
             due = t0 + i / rps
             if due - t0 > seconds:
                 return
-            if due > time.perf_counter():
-                time.sleep(due - time.perf_counter())
+            time.sleep(max(0.0, due - time.perf_counter()))
             kind, path = paths[i % 3]
             start = time.perf_counter()
             try:
