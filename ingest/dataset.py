@@ -81,6 +81,7 @@ GROUND_TRUTH_SCHEMA: Final = pa.schema(
         ("detectable", pa.bool_()),
         ("precursor", pa.string()),
         ("precursor_start_ms", pa.int64()),
+        ("precursor_strength", pa.float64()),
         ("repair_ts", pa.int64()),
     ]
 )
@@ -187,9 +188,13 @@ def read_events(directory: str | Path) -> pd.DataFrame:
 
 
 def read_ground_truth(directory: str | Path) -> pd.DataFrame:
-    """One row per injected failure: node, ts, cause, detectable, precursor, precursor_start_ms, repair_ts.
+    """One row per injected failure: node, ts, cause, detectable, precursor, precursor_start_ms,
+    precursor_strength, repair_ts.
 
     ``precursor_start_ms`` is a nullable ``Int64`` column: null when the failure gave no warning.
+    ``precursor_strength`` is the foreshock's intensity at the failure (null without one; the
+    simulator's harmless transients peak at no more than its profile's ``false_alarm_strength``);
+    datasets simulated before it was recorded lack the column.
     """
     frame = _read_single(directory, "ground_truth.parquet", GROUND_TRUTH_SCHEMA)
     frame["precursor_start_ms"] = frame["precursor_start_ms"].astype("Int64")

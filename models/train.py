@@ -200,7 +200,7 @@ def fit_with_prior(
     prior: LogisticBaseline,
     prior_weight: float,
     dask_address: str | None = None,
-) -> tuple[lgb.Booster, float, dict[str, dict[str, float]]]:
+) -> tuple[lgb.Booster, float, dict[float, dict[str, float]]]:
     """Fit trees alone and, when ``prior_weight`` > 0, trees boosted from ``prior_weight`` times
     ``prior``'s log-odds; keep the one whose margin has the higher validation average precision
     (a tie keeps the trees alone), among those whose margin calibrates (Platt slope above
@@ -233,7 +233,7 @@ def fit_with_prior(
             "platt_intercept": intercept,
         }
     best = choose_prior_weight(judged)
-    return fitted[best], best, {f"{w:g}": v for w, v in judged.items()}
+    return fitted[best], best, judged
 
 
 def choose_prior_weight(judged: dict[float, dict[str, float]]) -> float:
@@ -315,7 +315,7 @@ def train_on(
         prior=logistic,
         prior_weight=prior_weight,
     )
-    kept = candidates[f"{prior_weight:g}"]
+    kept = candidates[prior_weight]
     model.calibration = (kept["platt_slope"], kept["platt_intercept"])
     scorers = {"model": model.predict_proba, "rules": rule_scores, "logistic": logistic.score}
     thresholds = {
@@ -354,8 +354,8 @@ def train_on(
         "censor_ms": censor_ms,
         "alert_clear_ms": clear_ms,
         "prior_weight": model.prior_weight,
-        "prior_val_pr_auc": {w: c["pr_auc"] for w, c in candidates.items()},
-        "prior_val_platt_slope": {w: c["platt_slope"] for w, c in candidates.items()},
+        "prior_val_pr_auc": {f"{w:g}": c["pr_auc"] for w, c in candidates.items()},
+        "prior_val_platt_slope": {f"{w:g}": c["platt_slope"] for w, c in candidates.items()},
         "best_iteration": booster.current_iteration(),
         "lgb_params": params,
         "distributed": dask_address is not None,

@@ -264,6 +264,7 @@ class Simulator:
                 "detectable": [f.detectable for f in fs],
                 "precursor": [f.precursor for f in fs],
                 "precursor_start_ms": [f.precursor_start_ms for f in fs],
+                "precursor_strength": [f.precursor_strength for f in fs],
                 "repair_ts": [f.repair_ts for f in fs],
             },
             schema=GROUND_TRUTH_SCHEMA,

@@ -72,7 +72,8 @@ def intensities(episodes: list[Episode], ts: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """One injected failure (a ground-truth row). ``gpu`` is ``None`` for a whole-node failure."""
+    """One injected failure (a ground-truth row). ``gpu`` is ``None`` for a whole-node failure;
+    ``precursor_strength`` is its foreshock's :attr:`Episode.strength` (``None`` without one)."""
 
     node: int
     ts: int
@@ -80,6 +81,7 @@ class Failure:
     detectable: bool
     precursor: str
     precursor_start_ms: int | None
+    precursor_strength: float | None
     repair_ts: int
     gpu: int | None
     xid: tuple[int, ...]
@@ -138,7 +140,16 @@ def draw_schedule(
                 episodes.append(Episode(node, gpu, cls.precursor, precursor_start, ts, ts, severity, True))
             failures.append(
                 Failure(
-                    node, ts, cls.cause, detectable, cls.precursor, precursor_start, repair_ts, gpu, cls.xid
+                    node,
+                    ts,
+                    cls.cause,
+                    detectable,
+                    cls.precursor,
+                    precursor_start,
+                    severity if detectable else None,
+                    repair_ts,
+                    gpu,
+                    cls.xid,
                 )
             )
             t = float(repair_ts)

@@ -141,3 +141,5 @@ def test_model_report(dataset: Path, tmp_path: Path) -> None:
         kind = key.removeprefix("fig_").capitalize()
         assert titles[key][0].startswith(f"{kind}: node")
     assert len(pngs(nb)) == 5 + len(explained)  # four report plots + recall by cause + explanations
+    oracle = [o["data"]["text/plain"] for o in nb.cells[-2].outputs if "text/plain" in o.get("data", {})]
+    assert oracle and "intensity oracle" in oracle[0] and "caught_15_minutes_ahead" in oracle[0]

@@ -118,11 +118,11 @@ def test_a_prior_that_loses_on_validation_is_dropped():
     reversed_prior = LogisticBaseline.from_json({**fitted.to_json(), "coef": (-fitted.coef_).tolist()})
     params = {**DEFAULT_PARAMS, "min_child_samples": 50}
     booster, weight, judged = fit_with_prior(train, val, ["a", "b", "c"], params, reversed_prior, 1.0)
-    assert weight == 0.0 and judged["0"]["pr_auc"] > judged["1"]["pr_auc"]
-    assert judged["0"]["platt_slope"] > 0.5 and booster.current_iteration() >= 1
+    assert weight == 0.0 and judged[0.0]["pr_auc"] > judged[1.0]["pr_auc"]
+    assert judged[0.0]["platt_slope"] > 0.5 and booster.current_iteration() >= 1
     margin = booster.predict(val[["a", "b", "c"]], raw_score=True)
     kept_map = platt_calibration(margin, val["label"].to_numpy())
-    assert np.allclose(kept_map, (judged["0"]["platt_slope"], judged["0"]["platt_intercept"]))
+    assert np.allclose(kept_map, (judged[0.0]["platt_slope"], judged[0.0]["platt_intercept"]))
 
 
 def test_a_prior_whose_margin_does_not_calibrate_is_dropped_even_when_it_ranks_better():

@@ -96,6 +96,11 @@ def test_ground_truth_and_events_agree(dataset):
     assert failed[["node", "ts", "cause"]].equals(gt[["node", "ts", "cause"]])
     assert (gt.precursor_start_ms.isna() == ~gt.detectable).all()
     assert (gt.precursor_start_ms.dropna() < gt.ts[gt.detectable]).all()
+    # each foreshock's strength, as the telemetry was drawn with it (models.analysis.lead_bound)
+    assert (gt.precursor_strength.isna() == ~gt.detectable).all()
+    drawn = {(sim.node_names[e.node], e.end_ms): e.strength for e in sim.schedule.episodes if e.failure}
+    recorded = gt[gt.detectable].set_index(["node", "ts"])["precursor_strength"]
+    assert recorded.to_dict() == drawn
     repaired = ev[ev.event == "repaired"]
     assert len(repaired) == (gt.repair_ts < read_manifest(out)["end_ms"]).sum()
 
