@@ -1,4 +1,4 @@
-"""How early could any detector have warned? A predictor's lead beside the simulator's intensity oracle.
+"""How hard were a dataset's foreshocks to warn early? A predictor's lead beside an intensity oracle.
 
 The simulator gives each foreshock a strength ``s`` (ground truth's ``precursor_strength``) and a
 length ``L`` (from ``precursor_start_ms`` to the failure). Its intensity rises as
@@ -8,13 +8,15 @@ The *intensity oracle* reads each foreshock's true intensity, free of the counte
 noise, and alerts once it crosses ``theta``: it warns ``L * (1 - sqrt(theta / s))`` ahead when
 ``s > theta`` (capped at the horizon, as a predictor's first alerting row inside it is).
 
-Set ``theta`` so that the oracle catches as many detectable failures as the predictor did: its
-median lead is what perfect knowledge of each foreshock's intensity buys at that recall, the
-yardstick for the predictor's median on the same failures. Issue #6 asks for a median of 15
-minutes; this says whether a median is short because the predictor warns late or because the
-failures of that period could not be warned earlier at that recall (``models/README.md``).
-The oracle alerts at any instant while a predictor alerts at its rows (one a minute by
-default), which favours the oracle by about half a cadence.
+Set ``theta`` so that the oracle catches as many detectable failures as the predictor did, and
+its median lead says how early the failures of a dataset can be warned at that recall from
+their strength alone: a measure of how hard a dataset's foreshocks are, so that a predictor's
+short median on one dataset can be set against its medians on others. It is no bound: a
+predictor alerts on a noisy score, which first crosses its threshold before its mean does, and
+it need not catch the strongest foreshocks first (on every simulated dataset in
+``models/README.md`` the model warns earlier than the oracle). The oracle alerts at any instant
+while a predictor alerts at its rows (one a minute by default), which favours the oracle by
+about half a cadence.
 """
 
 from __future__ import annotations
