@@ -59,11 +59,11 @@ def against_oracle(
     """The predictor at ``threshold`` on ``rows`` and the oracle catching as many of the same
     detectable failures (``truth``: :func:`ingest.dataset.read_ground_truth` of a simulated
     dataset): detectable failures caught, median lead and warnings 15 minutes ahead, one row each."""
-    judged = rows.failures[rows.failures["detectable"].eq(True)][["node", "failure_ts"]]
-    judged = judged.astype({"failure_ts": "int64"}).merge(
+    detectable = rows.failures[rows.failures["detectable"].eq(True)][["node", "failure_ts"]]
+    judged = detectable.astype({"failure_ts": "int64"}).merge(
         truth.astype({"ts": "int64"}), left_on=["node", "failure_ts"], right_on=["node", "ts"], how="inner"
     )
-    if len(judged) != int(rows.failures["detectable"].eq(True).sum()):
+    if len(judged) != len(detectable):
         raise ValueError("some detectable failures of these rows are not in the ground truth")
     own = rows.at_threshold(score, threshold)
     caught = own["recall_by_detectability"].get("detectable", {}).get("caught", 0)
