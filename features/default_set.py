@@ -20,7 +20,7 @@ from typing import Final
 
 from features.spec import Feature, FeatureSet, PeerFeature
 
-__all__ = ["DEFAULT_FEATURE_SET", "XID_CLASSES"]
+__all__ = ["DEFAULT_FEATURE_SET", "XID_CLASSES", "risk_direction", "RISK_DIRECTIONS"]
 
 M: Final = 60_000
 H: Final = 60 * M
@@ -60,6 +60,8 @@ _FEATURES: Final = [
     *_gpu("gpu_temp", "max", 30 * M),
     *_gpu("gpu_temp", "mean", 30 * M),
     *_gpu("gpu_temp", "std", 30 * M),
+    # one GPU hotter than its siblings (a failing thermal interface): the workload moves them together
+    *_gpu("gpu_temp", "spread", 10 * M),
     *_gpu("gpu_temp", "slope", 30 * M, 2 * H),
     *_gpu("gpu_temp", "gpus_above", 30 * M, threshold=85),
     *_gpu("memory_temp", "max", 30 * M),
@@ -120,3 +122,31 @@ _PEERS: Final = [
 ]
 
 DEFAULT_FEATURE_SET: Final = FeatureSet(tuple(_FEATURES), tuple(_PEERS), XID_CLASSES, version="1")
+
+
+def risk_direction(feature: Feature | PeerFeature) -> int:
+    """+1 where a higher value can only mean a node closer to failure, -1 where a lower one does,
+    0 where it can mean either: the monotone constraint the trees are trained under.
+
+    Error counts, error Xids, GPUs or ports in trouble and every temperature statistic but the
+    spread of its samples over time are evidence (+1); a lower SM clock is throttling (-1). The
+    workload (power, utilisation), the spread of samples over time (``std``), application Xids
+    (usually the job's own faults) and the time since an Xid are left free. A peer feature
+    points where its base does.
+    """
+    f = feature.base if isinstance(feature, PeerFeature) else feature
+    if f.source == "xid":
+        return 0 if f.field == "application" or f.agg == "since" else 1
+    if f.agg == "std" or f.field in ("power_usage", "gpu_util"):
+        return 0
+    if f.field == "sm_clock":
+        return -1
+    if f.field in ("gpu_temp", "memory_temp"):
+        return 1
+    return 1 if f.agg in ("increase", "gpus_increasing", "gpus_above", "max", "ports_down") else 0
+
+
+RISK_DIRECTIONS: Final[dict[str, int]] = {
+    p.name: risk_direction(p) for p in (*DEFAULT_FEATURE_SET.features, *DEFAULT_FEATURE_SET.peers)
+}
+""":func:`risk_direction` of every column of the default set, by name."""

@@ -107,6 +107,15 @@ AGGREGATIONS: Final[dict[str, Aggregation]] = {
     ),
     "max": Aggregation(_GAUGE, lambda f: (Reduction("max", _s(f, "max")),), lambda r, f, t, b: _finite(r[0])),
     "min": Aggregation(_GAUGE, lambda f: (Reduction("min", _s(f, "min")),), lambda r, f, t, b: _finite(r[0])),
+    "spread": Aggregation(
+        frozenset({"gauge"}),
+        lambda f: (
+            Reduction("max", _s(f, "max")),
+            Reduction("sum", _s(f, "sum")),
+            Reduction("sum", _s(f, "n")),
+        ),
+        lambda r, f, t, b: _finite(r[0]) - _ratio(r[1], r[2]),
+    ),
     "std": Aggregation(
         _GAUGE,
         lambda f: (
@@ -155,7 +164,9 @@ AGGREGATIONS: Final[dict[str, Aggregation]] = {
 """Aggregation name -> kernel. Adding an aggregation here makes it available to both engines
 and to the parity test, which enumerates this table."""
 # Descriptions, for the README: last value (newest sample by (ts, gpu)); mean, max, min and
-# population std pooled over the node's GPUs; slope per hour; count of GPUs above the threshold
+# population std pooled over the node's GPUs; spread (the window's highest sample minus the
+# mean of all its samples: how far the node's worst GPU stands out from its siblings, which
+# the workload's swings move together); slope per hour; count of GPUs above the threshold
 # (peak over the window's buckets); reset-aware counter increase summed over GPUs or ports;
 # peak number of GPUs whose counter grew by more than the threshold in one bucket; Xid events
 # of a class; seconds since the last Xid of a class; peak number of link ports not ACTIVE.

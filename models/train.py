@@ -14,8 +14,9 @@ Recipe (each step on the time split of :mod:`models.splits`, nothing shuffled):
    gave 0.266); on pools of unseen seeds it took the failures caught at 1 false alarm per 1,000
    node-days from 175 to 253 on infinitehbd and from 337 to 359 on llama3 (models/README.md;
    measured before constraints.txt pinned the libraries).
-   Small trees (see :data:`DEFAULT_PARAMS`; the rows
-   per leaf grow with the training rows, :func:`min_leaf_rows`), and the iterations kept are
+   Small trees (see :data:`DEFAULT_PARAMS`; the rows per leaf grow with the training rows,
+   :func:`min_leaf_rows`), monotone in every evidence feature (:func:`monotone_directions`),
+   binned with bounds in the tails (:func:`tail_bin_bounds`), and the iterations kept are
    those with the best validation average precision, at least :data:`MIN_ROUNDS` of them (a
    noisy validation curve used to stop after ~7 trees). Every negative is kept and left
    unweighted by default: subsampling to 10 per positive and ``scale_pos_weight =
@@ -45,7 +46,10 @@ since ``lightgbm.dask`` cannot stop early); the rest is identical.
 
 from __future__ import annotations
 
+import json
 import math
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,7 @@ import pandas as pd
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
 
+from features.default_set import RISK_DIRECTIONS
 from models.alerting import ALERT_CLEAR_MS, EvalRows
 from models.artifact import RiskModel
 from models.baselines import LogisticBaseline, rule_scores
@@ -65,6 +70,8 @@ from models.splits import make_split
 __all__ = [
     "DEFAULT_PARAMS",
     "min_leaf_rows",
+    "monotone_directions",
+    "tail_bin_bounds",
     "CENSOR_MS",
     "train_from_dataset",
     "train_on",
@@ -83,11 +90,14 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "learning_rate": 0.05,
     "num_leaves": 4,
     "max_bin": 63,
-    "min_child_samples": 500,  # the floor: train_on raises it with the rows (min_leaf_rows)
+    "min_child_samples": 300,  # the floor: train_on raises it with the rows (min_leaf_rows)
     "colsample_bytree": 0.5,
     "reg_lambda": 1.0,
     "n_jobs": 1,  # OpenMP threads spin: on a shared, busy machine one thread is the fast choice
     "verbose": -1,
+    # every evidence feature is monotone (monotone_directions): "intermediate" keeps more of the
+    # trees' freedom than "basic" at the same guarantee
+    "monotone_constraints_method": "intermediate",
 }
 MAX_ROUNDS = 1000
 MIN_ROUNDS = 50
@@ -102,12 +112,48 @@ PRIOR_WEIGHT = 0.3
 # calibrate, and fit_with_prior does not choose it
 MIN_PLATT_SLOPE = 1e-6
 DASK_ROUNDS = 200
-# a leaf holds at least this share of the training rows (and never fewer than the 500 of
-# DEFAULT_PARAMS): 500 was chosen on about a million rows (llama3, 14 days, 5-minute rows). Rows
-# a minute apart are not five times the evidence: on the same 14 days at one row a minute (4.8
-# million rows) 500 rows are 8 hours of one node, and that model raised 7 false alarms in 974
-# node-days on another seed (models/README.md)
-MIN_LEAF_SHARE = 1 / 2_000
+# a leaf holds at least this share of the training rows, and never fewer than the 300 of
+# DEFAULT_PARAMS (five hours of one node at one row a minute). A rare cause must be able to have
+# a leaf of its own: in the 14-day llama3 training period, 195 rows of four thermal foreshocks
+# show a GPU-temperature spread above 10 degrees, beside 137 healthy rows; the 2,392 rows of the
+# rule before (1 in 2,000) could not hold them apart. Small leaves once learned noise (500 rows,
+# unconstrained trees, raised 7 false alarms in 974 node-days on another seed); under the
+# monotone constraints (:func:`monotone_directions`) see models/README.md for what 300 spend
+MIN_LEAF_SHARE = 1 / 16_000
+
+
+# LightGBM bins each feature into max_bin bins holding about as many rows each, so the top bin
+# of a gauge whose evidence lives in its rarest rows starts where the healthy rows end: on the
+# 14-day llama3 set the highest split the GPU-temperature spread allowed was 6.5 degrees, under
+# the harmless thermal transients (up to 14) and far under the foreshocks. (Integer error counts
+# bin by their distinct values and were not cut short: single-bit ECC's top bin starts past 390
+# errors in 10 min.) Bounds forced at these quantiles of the training rows, in both tails, let a
+# split fall there.
+TAIL_QUANTILES = (1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
+
+
+def tail_bin_bounds(x: pd.DataFrame) -> list[dict[str, Any]]:
+    """LightGBM's forced bins (``forcedbins_filename``'s content): for every column of ``x``
+    with a finite value, bin bounds at :data:`TAIL_QUANTILES` of its values and at their mirror
+    images (1 - q). LightGBM fills the rest of ``max_bin`` as usual."""
+    qs = [*TAIL_QUANTILES, *(1.0 - q for q in TAIL_QUANTILES)]
+    out = []
+    for i, name in enumerate(x.columns):
+        v = x[name].to_numpy(dtype=np.float64, na_value=np.nan)
+        v = v[np.isfinite(v)]
+        if v.size:
+            out.append({"feature": i, "bin_upper_bound": np.unique(np.quantile(v, qs)).tolist()})
+    return out
+
+
+def monotone_directions(names: list[str]) -> list[int]:
+    """LightGBM's ``monotone_constraints`` for these columns: each default feature's
+    :func:`features.default_set.risk_direction`, 0 (free) for any other column.
+
+    A tree may not lower a node's risk for more errors, a hotter GPU or a slower clock, so
+    leaves small enough to hold one failure cause (the thermal foreshocks of a training period
+    are a few hours of rows) cannot turn a chance dip in a count into lower risk."""
+    return [RISK_DIRECTIONS.get(n, 0) for n in names]
 
 
 def min_leaf_rows(training_rows: int) -> int:
@@ -157,15 +203,19 @@ def fit_booster(
     (LightGBM's ``init_score``; validation is judged on it plus the trees). Without it LightGBM
     starts from the training base rate."""
     init_train, init_val = init if init is not None else (None, None)
+    bins = json.dumps(tail_bin_bounds(x_train))
     if dask_address is None:
         history: list[float] = []
-        booster = lgb.train(
-            {**params, "metric": "average_precision"},
-            lgb.Dataset(x_train, y_train, init_score=init_train, free_raw_data=False),
-            num_boost_round=MAX_ROUNDS,
-            valid_sets=[lgb.Dataset(x_val, y_val, init_score=init_val)],
-            callbacks=[_stop_after(history)],
-        )
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "forced_bins.json"
+            path.write_text(bins)
+            booster = lgb.train(
+                {**params, "metric": "average_precision", "forcedbins_filename": str(path)},
+                lgb.Dataset(x_train, y_train, init_score=init_train, free_raw_data=False),
+                num_boost_round=MAX_ROUNDS,
+                valid_sets=[lgb.Dataset(x_val, y_val, init_score=init_val)],
+                callbacks=[_stop_after(history)],
+            )
         return _trim(booster, _best_iteration(history))
     import dask.dataframe as dd
     from distributed import Client
@@ -177,12 +227,18 @@ def fit_booster(
         train = dd.from_pandas(x_train.assign(**columns), npartitions=workers)
         local = {k: v for k, v in params.items() if k != "n_jobs"}  # lightgbm.dask sets threads per worker
         local.setdefault("n_estimators", DASK_ROUNDS)
-        clf = DaskLGBMClassifier(client=client, **local)
-        clf.fit(
-            train[list(x_train.columns)],
-            train["_label"],
-            init_score=None if init_train is None else train["_init"],
-        )
+        # each worker builds its own bins: the bounds file must be at the same path on every one
+        path = str(Path(tempfile.gettempdir()) / f"foreshock-forced-bins-{uuid.uuid4().hex}.json")
+        client.run(_write_text, path, bins)
+        try:
+            clf = DaskLGBMClassifier(client=client, forcedbins_filename=path, **local)
+            clf.fit(
+                train[list(x_train.columns)],
+                train["_label"],
+                init_score=None if init_train is None else train["_init"],
+            )
+        finally:
+            client.run(_remove, path)
         booster = clf.booster_
     start = 0.0 if init_val is None else init_val
     curve = [
@@ -190,6 +246,14 @@ def fit_booster(
         for k in range(1, booster.current_iteration() + 1)
     ]
     return _trim(booster, _best_iteration(curve))
+
+
+def _write_text(path: str, text: str) -> None:
+    Path(path).write_text(text)
+
+
+def _remove(path: str) -> None:
+    Path(path).unlink(missing_ok=True)
 
 
 def fit_with_prior(
@@ -298,6 +362,7 @@ def train_on(
     params = {
         **DEFAULT_PARAMS,
         "min_child_samples": min_leaf_rows(len(train)),
+        "monotone_constraints": monotone_directions(names),
         "random_state": seed,
         **(params or {}),
     }

@@ -71,7 +71,14 @@ def reference(f: Feature, t: int, node: str, frames: dict[str, pd.DataFrame], fs
         if len(np.unique(k)) < 2:
             return np.nan
         return float(np.polyfit(k, v.to_numpy(float), 1)[0] * 3_600_000 / B)
-    return float({"mean": v.mean, "max": v.max, "min": v.min, "std": lambda: v.std(ddof=0)}[f.agg]())
+    stats = {
+        "mean": v.mean,
+        "max": v.max,
+        "min": v.min,
+        "std": lambda: v.std(ddof=0),
+        "spread": lambda: v.max() - v.mean(),
+    }
+    return float(stats[f.agg]())
 
 
 @pytest.mark.parametrize("seed", [3, 11, 2024])

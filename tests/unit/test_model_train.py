@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import lightgbm as lgb
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,9 +18,12 @@ from models.train import (
     MIN_PLATT_SLOPE,
     PRIOR_WEIGHT,
     choose_prior_weight,
+    fit_booster,
     fit_with_prior,
     min_leaf_rows,
+    monotone_directions,
     platt_calibration,
+    tail_bin_bounds,
     train_from_dataset,
 )
 
@@ -71,11 +75,11 @@ def test_train_writes_report_plots_metrics_and_model(trained):
 
 
 def test_leaf_rows_grow_with_the_training_rows(synthetic_cluster, tmp_path, monkeypatch):
-    """Leaves never hold fewer than the floor, and past two million rows they hold a share of
-    them: rows a minute apart are not independent evidence. Training applies the rule and
+    """Leaves never hold fewer than the floor, and past about five million rows they hold a share
+    of them: rows a minute apart are not independent evidence. Training applies the rule and
     records what it used (the share raised here so the small cluster clears the floor)."""
     floor = DEFAULT_PARAMS["min_child_samples"]
-    assert min_leaf_rows(10_000) == floor and min_leaf_rows(4_784_602) == 2_392
+    assert min_leaf_rows(10_000) == floor == min_leaf_rows(4_784_602) and min_leaf_rows(48_000_000) == 3_000
     monkeypatch.setattr(models.train, "MIN_LEAF_SHARE", 1 / 40)
     data = synthetic_cluster
     train_from_dataset(data.data_dir, tmp_path, features=data.features, register=False)
@@ -84,18 +88,43 @@ def test_leaf_rows_grow_with_the_training_rows(synthetic_cluster, tmp_path, monk
     assert used == round(info["train_rows_used"] / 40) and used > floor
 
 
-def test_trees_are_boosted_from_the_weighted_logistic_baseline(trained, synthetic_cluster, tmp_path):
-    """The model's linear prior is the logistic baseline it is compared with, and its margin
-    is the trees plus that baseline's weighted log-odds; weight 0 trains trees alone."""
+def test_trees_are_boosted_from_the_weighted_logistic_baseline():
+    """Where validation reaches past the training rows' range, a tree is flat past its last
+    split and the linear prior keeps rising: the trees boosted from the weighted logistic
+    baseline win on validation and are kept, and their margin is the trees plus the prior."""
+    rng = np.random.default_rng(4)
+    a = np.r_[rng.uniform(0, 1, 8000), rng.uniform(0, 2, 4000)]  # validation reaches past training
+    x = pd.DataFrame({"a": a, "b": rng.normal(size=a.size)})
+    y = (rng.random(len(x)) < 1 / (1 + np.exp(-(4 * x["a"] - 4)))).astype(int)
+    frame = x.assign(label=y)
+    train, val = frame.iloc[:8000], frame.iloc[8000:]
+    prior = LogisticBaseline(["a", "b"]).fit(train, train["label"].to_numpy())
+    params = {**DEFAULT_PARAMS, "min_child_samples": 50}
+    booster, weight, judged = fit_with_prior(train, val, ["a", "b"], params, prior, PRIOR_WEIGHT)
+    assert weight == PRIOR_WEIGHT and judged[PRIOR_WEIGHT]["pr_auc"] > judged[0.0]["pr_auc"]
+    margin = booster.predict(val[["a", "b"]], raw_score=True) + PRIOR_WEIGHT * prior.frame_log_odds(val)
+    kept_map = platt_calibration(margin, val["label"].to_numpy())
+    assert np.allclose(kept_map, (judged[weight]["platt_slope"], judged[weight]["platt_intercept"]))
+
+
+def test_training_keeps_the_candidate_validation_chose_and_weight_0_trains_trees_alone(
+    trained, synthetic_cluster, tmp_path
+):
+    """``train`` fits trees alone and trees on the prior, keeps the one :func:`choose_prior_weight`
+    picks from their validation figures, and stores the prior it kept: the logistic baseline it
+    is compared with. ``prior_weight=0`` fits trees alone."""
     model, _, metrics = trained
-    assert model.prior_weight == metrics["_info"]["prior_weight"] == PRIOR_WEIGHT > 0
-    val_ap = metrics["_info"]["prior_val_pr_auc"]  # the prior is kept because it wins on validation
-    assert set(val_ap) == {"0", f"{PRIOR_WEIGHT:g}"} and val_ap[f"{PRIOR_WEIGHT:g}"] > val_ap["0"]
-    logistic = model.baselines["logistic"]
-    assert model.prior.coef_.tolist() == logistic["coef"] and model.prior.intercept_ == logistic["intercept"]
+    info = metrics["_info"]
+    candidates = {
+        float(w): {"pr_auc": info["prior_val_pr_auc"][w], "platt_slope": info["prior_val_platt_slope"][w]}
+        for w in info["prior_val_pr_auc"]
+    }
+    assert set(candidates) == {0.0, PRIOR_WEIGHT}
+    assert model.prior_weight == info["prior_weight"] == choose_prior_weight(candidates)
+    logistic = LogisticBaseline.from_json(model.baselines["logistic"])
     x = model.matrix(synthetic_cluster.features.head(300))
     trees = model.booster.predict(x, raw_score=True)
-    assert np.allclose(model.margin(x), trees + PRIOR_WEIGHT * model.prior.log_odds(x))
+    assert np.allclose(model.margin(x), trees + model.prior_weight * logistic.log_odds(x))
     alone = train_from_dataset(
         synthetic_cluster.data_dir, tmp_path, features=synthetic_cluster.features, register=False,
         prior_weight=0.0,
@@ -104,7 +133,6 @@ def test_trees_are_boosted_from_the_weighted_logistic_baseline(trained, syntheti
     info = json.loads((tmp_path / "metrics.json").read_text())["_info"]
     assert info["prior_weight"] == 0 and set(info["prior_val_pr_auc"]) == {"0"}
     assert np.allclose(alone.margin(x), alone.booster.predict(x, raw_score=True))
-    assert not np.allclose(alone.booster.predict(x, raw_score=True), trees)
 
 
 def test_a_prior_that_loses_on_validation_is_dropped():
@@ -138,6 +166,44 @@ def test_a_prior_whose_margin_does_not_calibrate_is_dropped_even_when_it_ranks_b
     tie = {0.0: {"pr_auc": 0.27, "platt_slope": 1.0}, 0.3: {"pr_auc": 0.27, "platt_slope": 1.0}}
     assert choose_prior_weight(tie) == 0.0
     assert choose_prior_weight({0.0: {"pr_auc": 0.1, "platt_slope": MIN_PLATT_SLOPE}}) == 0.0
+
+
+def test_tail_bins_let_a_split_fall_where_only_the_rarest_rows_are():
+    """LightGBM's bins hold about equal rows, so with 63 of them nothing above the top 1.6 % of
+    a feature can be split off (the plain booster's split); the forced tail bins put bounds at
+    its 99.9th percentile and beyond, and a cause that shows only in the top 0.05 % (a GPU far
+    hotter than its siblings) is split off with few healthy rows beside it."""
+    rng = np.random.default_rng(2)
+    x = pd.DataFrame({"spread": rng.normal(size=200_000)})
+    cut = float(np.quantile(x["spread"], 0.9995))
+    y = (x["spread"] > cut).to_numpy().astype(int)
+    bounds = tail_bin_bounds(x)[0]["bin_upper_bound"]
+    assert len(bounds) == 14 and min(bounds) < -2 and max(bounds) > cut
+    params = {**DEFAULT_PARAMS, "num_leaves": 2, "min_child_samples": 20, "learning_rate": 0.5}
+    booster = fit_booster(x, y, x, y, params)
+    plain = lgb.train({**params, "verbose": -1}, lgb.Dataset(x, y), num_boost_round=1)
+    first = [float(b.trees_to_dataframe()["threshold"].dropna().iloc[0]) for b in (booster, plain)]
+    assert first[0] >= np.quantile(x["spread"], 0.999) and first[1] < np.quantile(x["spread"], 0.99)
+
+
+def test_trees_are_monotone_in_evidence_and_free_elsewhere():
+    """Risk may not fall as errors grow: on rows where failures follow a middling ECC count
+    more often than a large one (a training period's accident), the trees still rise with the
+    count; a workload gauge stays free."""
+    ecc, power = "ecc_sbe_vol_total__increase__10m", "power_usage__mean__30m"
+    assert monotone_directions([ecc, power, "sm_clock__min__30m", "not_a_feature"]) == [1, 0, -1, 0]
+    rng = np.random.default_rng(3)
+    x = pd.DataFrame({ecc: rng.uniform(0, 100, 40_000), power: rng.uniform(300, 700, 40_000)})
+    bump = np.exp(-(((x[ecc] - 40) / 10) ** 2)) + np.exp(-(((x[power] - 500) / 40) ** 2))
+    y = (rng.random(len(x)) < 0.4 * bump / 2).astype(int)
+    params = {**DEFAULT_PARAMS, "min_child_samples": 50, "monotone_constraints": monotone_directions(list(x))}
+    booster = fit_booster(x, y, x, y, params)
+    grid = np.linspace(0, 100, 101)
+    along_ecc = booster.predict(pd.DataFrame({ecc: grid, power: 400.0}), raw_score=True)
+    assert np.all(np.diff(along_ecc) >= 0) and along_ecc[40] > along_ecc[0]
+    watts = np.linspace(300, 700, 101)
+    along_power = booster.predict(pd.DataFrame({ecc: 0.0, power: watts}), raw_score=True)
+    assert along_power[50] > along_power[0] and along_power[50] > along_power[-1]  # a bump, kept
 
 
 def test_model_beats_rules_and_warns_ahead(trained):
