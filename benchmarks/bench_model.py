@@ -21,7 +21,7 @@ import pandas as pd
 from features import DEFAULT_FEATURE_SET
 from models.artifact import RiskModel
 from models.baselines import LogisticBaseline
-from models.train import DEFAULT_PARAMS, PRIOR_WEIGHT
+from models.train import DEFAULT_PARAMS, PRIOR_WEIGHT, forced_bins_file, monotone_directions
 
 
 def _data(rows: int, names: list[str], seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
@@ -55,9 +55,14 @@ def main() -> None:
 
     x, y = _data(train_rows, names)
     t0 = time.perf_counter()
-    booster = lgb.train(
-        {**DEFAULT_PARAMS, "scale_pos_weight": 5.0}, lgb.Dataset(x, y), num_boost_round=rounds
-    )
+    with forced_bins_file(x) as bins:  # trained as train trains: tail bins, monotone trees
+        params = {
+            **DEFAULT_PARAMS,
+            "forcedbins_filename": bins,
+            "monotone_constraints": monotone_directions(names),
+            "scale_pos_weight": 5.0,
+        }
+        booster = lgb.train(params, lgb.Dataset(x, y), num_boost_round=rounds)
     lgb_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     logistic = LogisticBaseline(names, max_rows=train_rows).fit(x, y)

@@ -155,9 +155,9 @@ def test_a_prior_that_loses_on_validation_is_dropped():
 
 def test_a_prior_whose_margin_does_not_calibrate_is_dropped_even_when_it_ranks_better():
     """The demo's case: trees on an overfitted prior ranked validation a little better (PR-AUC
-    0.048 against 0.045) but their Platt slope fell to its floor, so every node scored the base
-    rate and the mitigator never acted (figures of `make demo`). Such a candidate is not
-    eligible; trees alone always are."""
+    0.048 against 0.045; 0.049 since the tail bins) but their Platt slope fell to its floor, so
+    every node scored the base rate and the mitigator never acted (figures of `make demo`). Such
+    a candidate is not eligible; trees alone always are."""
     floor = MIN_PLATT_SLOPE
     demo = {0.0: {"pr_auc": 0.0452, "platt_slope": 0.477}, 0.3: {"pr_auc": 0.0479, "platt_slope": floor}}
     assert choose_prior_weight(demo) == 0.0
