@@ -128,11 +128,10 @@ def risk_direction(feature: Feature | PeerFeature) -> int:
     """+1 where a higher value can only mean a node closer to failure, -1 where a lower one does,
     0 where it can mean either: the monotone constraint the trees are trained under.
 
-    Error counts, error Xids, GPUs or ports in trouble and every temperature statistic but the
-    spread of its samples over time are evidence (+1); a lower SM clock is throttling (-1). The
-    workload (power, utilisation), the spread of samples over time (``std``), application Xids
-    (usually the job's own faults) and the time since an Xid are left free. A peer feature
-    points where its base does.
+    Error counts, error Xids, GPUs or ports in trouble and every temperature statistic except
+    ``std`` are evidence (+1); a lower SM clock is throttling (-1). The workload (power,
+    utilisation), ``std`` (how much the samples vary), application Xids (usually the job's own
+    faults) and the time since an Xid are left free. A peer feature points where its base does.
     """
     f = feature.base if isinstance(feature, PeerFeature) else feature
     if f.source == "xid":
