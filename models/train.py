@@ -120,15 +120,15 @@ DASK_ROUNDS = 200
 # a leaf of its own: in the 14-day llama3 training period, 195 rows of four thermal foreshocks
 # show a GPU-temperature spread above 10 degrees, beside 137 healthy rows; the 2,392 rows of the
 # rule before (1 in 2,000) could not hold them apart. Small leaves once learned noise (500 rows,
-# unconstrained trees, raised 7 false alarms in 974 node-days on another seed); under the
-# monotone constraints (:func:`monotone_directions`) see models/README.md for what 300 spend
+# unconstrained trees, raised 7 false alarms in 974 node-days on another seed); what 300-row
+# leaves under the monotone constraints (:func:`monotone_directions`) spend is in models/README.md
 MIN_LEAF_SHARE = 1 / 16_000
 
 
 # LightGBM bins each feature into max_bin bins holding about as many rows each, so the top bin
 # of a gauge whose evidence lives in its rarest rows starts where the healthy rows end: on the
 # 14-day llama3 set the highest split the GPU-temperature spread allowed was 6.5 degrees, under
-# the harmless thermal transients (up to 14) and far under the foreshocks. (Integer error counts
+# the harmless thermal transients (up to 14 degrees) and far under the foreshocks. (Integer counts
 # bin by their distinct values and were not cut short: single-bit ECC's top bin starts past 390
 # errors in 10 min.) Bounds forced at these quantiles of the training rows, in both tails, let a
 # split fall there.
