@@ -33,18 +33,28 @@ def test_group_of_two_takes_over_a_stopped_member_with_nothing_lost(kafka_bootst
 
     seen: dict[str, list[tuple[int, int]]] = defaultdict(list)  # node -> [(ts, gpu)] in arrival order
     owner: dict[str, set[str]] = defaultdict(set)
+    read_from: dict[str, set[int]] = {"a": set(), "b": set()}  # partitions each member has read
     lock = threading.Lock()
     count = [0]
-    stop_a = threading.Event()
+    stopped = threading.Event()
     done = threading.Event()
 
-    def member(name: str, stop: threading.Event) -> None:
+    def holds_unread_records_it_has_begun(consumer) -> bool:
+        """Stop `a` only once `b` is reading too and while a partition `a` has read from still holds
+        unread records, so that there is work to hand over. Stopping it when half the records
+        were in once let `a` drain its own share first and hand over nothing (CI)."""
+        with lock:
+            begun = set(read_from["a"]) if read_from["b"] else set()
+        return any(lag and p in begun for (_, p), lag in consumer.lag().items())
+
+    def member(name: str, stop_when) -> None:
         stream = RecordStream(bus, bus.consumer(group_id, [Topic.GPU], max_poll_records=2_000))
         try:
-            while not stop.is_set() and not done.is_set():
+            while not done.is_set():
                 decoded = stream.poll(timeout_s=0.5, max_records=2_000)
                 with lock:
                     for d in decoded:
+                        read_from[name].add(d.message.partition)
                         for r in d.records:
                             seen[r.node].append((r.ts, r.gpu))
                             owner[r.node].add(name)
@@ -52,22 +62,23 @@ def test_group_of_two_takes_over_a_stopped_member_with_nothing_lost(kafka_bootst
                     if count[0] >= total:
                         done.set()
                 stream.commit(decoded)
+                if stop_when(stream.consumer):
+                    stopped.set()
+                    return
         finally:
             stream.close()
 
-    a = threading.Thread(target=member, args=("a", stop_a))
-    b = threading.Thread(target=member, args=("b", threading.Event()))
+    a = threading.Thread(target=member, args=("a", holds_unread_records_it_has_begun))
+    b = threading.Thread(target=member, args=("b", lambda _: False))
     a.start()
     b.start()
     deadline = time.monotonic() + 120
-    while count[0] < total // 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop_a.set()
-    a.join(30)
+    a.join(deadline - time.monotonic())
     done.wait(max(1.0, deadline - time.monotonic()))
     done.set()
     b.join(30)
 
+    assert stopped.is_set(), "member a never held unread records of a partition it had begun"
     assert count[0] == total, f"consumed {count[0]} of {total}"
     assert len(seen) == NODES
     for node, records in seen.items():
