@@ -1,26 +1,39 @@
-"""The training-side hook: a few lines in a PyTorch loop make the job obey the mitigator.
+"""The training-side hook: a few lines in a PyTorch loop make the job obey the mitigator and survive.
 
 Usage (after ``torch.distributed.init_process_group`` and building model + optimizer)::
 
     hook = TrainingHook("llm-70b", node, FileChannel(control_dir), ckpt_dir,
-                        model=model, optimizer=optimizer, every_steps=500)
-    start = hook.resume()               # once, before the loop: loads the newest complete snapshot
+                        model=model, optimizer=optimizer, dataloader=loader,
+                        memory_every=1, durable_every=500)
+    start = hook.resume()               # once, before the loop: restores the newest state every rank has
     for step in range(start, total):
         train_one_step()
         hook.step_end(step + 1)         # after optimizer.step(): step = steps completed
-    hook.close()                        # waits for an in-flight snapshot
+    hook.close()
 
-``step_end`` is called on every rank at every step (it is collective: one tiny all-reduce tells
-every rank whether any of them saw a command, so all ranks snapshot at the same step). Snapshots
-use ``torch.distributed.checkpoint.async_save`` on a separate gloo group, so training continues
-while the snapshot is written; rank 0 marks a snapshot complete (``COMPLETE``) only once every rank
-has written it, and :meth:`resume` only considers complete ones.
+State is kept in three tiers (:mod:`mitigator.tiers`):
 
-Commands: ``checkpoint`` snapshots now. ``leave`` snapshots now and waits until it is durable; then
-the ranks on the leaving node stop their torchrun agent with SIGTERM — torchrun's documented
-"agent died by a signal" path, which (unlike a clean exit) does *not* close the rendezvous — and the
-other ranks exit with :data:`RESCALE_EXIT_CODE` so their agents re-rendezvous, with a spare in the
-leaving node's place, and resume from that snapshot: no step is lost.
+* **memory**: every ``memory_every`` steps the state is copied into double-buffered host memory on
+  the node (tmpfs under ``memory_dir``), which outlives a worker restart. This copy is the only
+  part that stalls training (with CUDA it runs on a side stream and the next optimizer step waits
+  for it, so it overlaps the forward and backward passes).
+* **peer**: a background thread copies each new memory snapshot to the host memory of a buddy
+  rank on another node (rank + ranks-per-node) over a gloo group of its own.
+* **durable**: every ``durable_every`` steps (``every_steps``, its older name) the state goes to
+  ``ckpt_dir`` with ``torch.distributed.checkpoint.async_save``; complete once every rank's write is.
+
+:meth:`resume` restores each rank from its own memory, its buddy's copy, or the durable tier,
+whichever is newest for every rank at once (:mod:`mitigator.tiers.recovery`).
+
+``step_end`` is collective: one tiny all-reduce per step tells every rank whether any of them saw
+a command and whether every rank's replicator is free, so all ranks act at the same step.
+
+Commands: ``checkpoint`` snapshots now to every tier. ``leave`` snapshots to memory and waits until
+the buddy holds the copy (no storage round trip); then the ranks on the leaving node stop their
+torchrun agent with SIGTERM — torchrun's documented "agent died by a signal" path, which (unlike
+a clean exit) does *not* close the rendezvous — and the other ranks exit with
+:data:`RESCALE_EXIT_CODE` so their agents re-rendezvous, with a spare in the leaving node's place,
+which fetches the leaving rank's state from the buddy's memory: no step is lost.
 
 Launch with ``torchrun --nnodes=N:N --rdzv-backend=c10d …`` on the job's nodes and on the spares
 (a spare's agent waits in the rendezvous' redundancy list), and set
@@ -32,8 +45,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import shutil
 import signal
 import sys
 import time
@@ -44,30 +55,24 @@ from typing import Any
 import psutil
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.stateful import Stateful
 
-from mitigator.channels import Command, CommandInbox, write_json_atomic
+from mitigator.channels import Command, CommandInbox
 from mitigator.jobs import write_job_status
 from mitigator.plan import JobView
+from mitigator.tiers.durable import DurableTier, latest_complete_snapshot
+from mitigator.tiers.layout import pack, plan_layout, unpack
+from mitigator.tiers.memory import Slot, SlotHeader, SlotPair
+from mitigator.tiers.peer import PeerReplicator
+from mitigator.tiers.recovery import Source, fetch, inventory, plan_recovery
+from mitigator.tiers.state import Stateful, TrainState
+from mitigator.tiers.transport import CorruptStream, ProcessGroupTransport
 
 __all__ = ["TrainingHook", "RESCALE_EXIT_CODE", "leave_torchrun", "latest_complete_snapshot"]
 
 log = logging.getLogger(__name__)
 
 RESCALE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again" — the agent restarts the workers and re-rendezvous
-_SNAPSHOT = re.compile(r"^step-(\d{8,})$")
-
-
-def latest_complete_snapshot(ckpt_dir: str | Path) -> tuple[int, Path] | None:
-    """(step, folder) of the newest snapshot with a ``COMPLETE`` marker, or None."""
-    best = None
-    for p in Path(ckpt_dir).glob("step-*"):
-        m = _SNAPSHOT.match(p.name)
-        if m and (p / "COMPLETE").exists() and (best is None or int(m.group(1)) > best[0]):
-            best = (int(m.group(1)), p)
-    return best
+_TIERS: tuple[Source, ...] = ("memory", "peer", "durable")  # fastest first
 
 
 def leave_torchrun() -> None:
@@ -84,32 +89,32 @@ def leave_torchrun() -> None:
         time.sleep(1)
 
 
-class _TrainState(Stateful):
-    """Model + optimizer as one DCP ``Stateful`` (DCP calls these at save and load)."""
+def _default_memory_dir(job: str) -> Path:
+    return Path("/dev/shm") / f"foreshock-{job}"
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        self.model, self.optimizer = model, optimizer
 
-    def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state_dict["model"],
-            optim_state_dict=state_dict["optim"],
-        )
+def _clone(state: Any) -> Any:
+    """A deep copy of ``state``'s tensors (an optimizer keeps the tensors it loads, not copies)."""
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, dict):
+        return type(state)((k, _clone(v)) for k, v in state.items())
+    if isinstance(state, list | tuple):
+        return type(state)(_clone(v) for v in state)
+    return state
 
 
 class TrainingHook:
-    """Listen for the mitigator's commands and keep resumable snapshots (see the module docstring).
+    """Listen for the mitigator's commands and keep tiered, resumable state (see the module docstring).
 
-    ``every_steps``: periodic snapshot interval (0: only on command). ``status_root``: where rank 0
-    publishes the job's status for :class:`mitigator.jobs.FileJobs` (nodes, last durable snapshot).
-    ``keep``: complete snapshots to keep. ``leave``: how this node leaves the job (default: stop the
-    torchrun agent). ``ckpt_dir`` must be on storage every rank (and every spare) can read.
+    ``memory_every``: steps between memory snapshots (0: no memory or peer tier). ``durable_every``:
+    steps between durable snapshots (0: only on command); ``every_steps`` is its older name, kept
+    so no caller breaks. ``memory_dir``: node-local folder of the memory tier (default
+    ``/dev/shm/foreshock-JOB``); ``ranks_per_node``: the buddy offset (default torchrun's
+    ``LOCAL_WORLD_SIZE``). ``status_root``: where rank 0 publishes the job's status for
+    :class:`mitigator.jobs.FileJobs`. ``keep``: complete durable snapshots to keep. ``leave``: how
+    this node leaves the job (default: stop the torchrun agent). ``ckpt_dir`` must be on storage
+    every rank (and every spare) can read.
     """
 
     def __init__(
@@ -121,54 +126,124 @@ class TrainingHook:
         *,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
+        dataloader: Stateful | None = None,
         every_steps: int = 0,
+        memory_every: int = 0,
+        durable_every: int | None = None,
+        memory_dir: str | Path | None = None,
+        ranks_per_node: int | None = None,
         status_root: str | Path | None = None,
         keep: int = 2,
         leave: Callable[[], None] = leave_torchrun,
         clock: Callable[[], float] = time.time,
     ):
+        if durable_every is not None and every_steps and durable_every != every_steps:
+            raise ValueError("every_steps is durable_every's older name: give one of them")
+        if memory_every < 0 or (durable_every or every_steps) < 0:
+            raise ValueError("snapshot intervals must be >= 0")
         self.job, self.node, self.inbox = job, node, inbox
-        self.ckpt_dir = Path(ckpt_dir)
-        self.every_steps = every_steps
+        self.durable_every = durable_every if durable_every is not None else every_steps
+        self.memory_every = memory_every
         self.status_root = status_root
-        self.keep = keep
         self.leave = leave
         self.clock = clock
-        self._state = {"train": _TrainState(model, optimizer)}
-        self._pg = dist.new_group(backend="gloo")  # async saves must not share the training group
+        self.state = TrainState(model, optimizer, dataloader)
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
+        self.durable = DurableTier(ckpt_dir, self._rank, self._world, keep=keep)
         self._nodes: tuple[str, ...] = (node,)
-        self._inflight: tuple[int, Any, float, list[Command]] | None = None
+        self._durable_commands: list[Command] = []
         self._handled: set[str] = set()
         self._last_ckpt_ms = int(self.clock() * 1000)
         self._ckpt_s = 0.0
+        self._last_memory_step = 0
         self.last_snapshot_step: int | None = None
+        self.state_bytes = 0  # size of the newest memory snapshot
+        self.stall_s: list[float] = []  # every memory snapshot's stall, for the drill and benchmarks
+        self.restored: dict[str, Any] = {}
+        self.replicator: PeerReplicator | None = None
+        if memory_every:
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            root = Path(memory_dir or _default_memory_dir(job)) / f"local-{local}"
+            self.own = SlotPair(root, "own", pin=True)
+            self.replicas = SlotPair(root, "replica")
+            rpn = ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            self._transport = ProcessGroupTransport(dist.new_group(backend="gloo"))
+            self.replicator = PeerReplicator(self._transport, self._rank, self._world, rpn, self.own,
+                                             self.replicas)
+            self._copy_stream: torch.cuda.Stream | None = None
+            self._copy: tuple[Slot, SlotHeader, torch.cuda.Event] | None = None
+            # a side-stream copy reads parameters and optimizer state until it ends: the next optimizer
+            # step (and a forward pass that updates buffers, such as batch-norm statistics) waits for it
+            optimizer.register_step_pre_hook(lambda *_: self._finish_copy())
+            if any(True for _ in model.buffers()):
+                model.register_forward_pre_hook(lambda *_: self._finish_copy())
 
     # -- start ---------------------------------------------------------------------------------
     def resume(self) -> int:
-        """Load the newest complete snapshot (if any); return the number of steps it had completed."""
+        """Restore the newest state every rank can have; return the number of steps it had completed.
+
+        ``restored`` then says how: ``source`` (this rank's tier: ``memory``, ``peer``, ``durable``
+        or None for a fresh start), ``job_source`` (the slowest tier any rank used), ``seconds``.
+        """
+        started = time.perf_counter()
         nodes: list[Any] = [None] * self._world
         dist.all_gather_object(nodes, self.node)
         self._nodes = tuple(dict.fromkeys(nodes))
-        found = [latest_complete_snapshot(self.ckpt_dir) if self._rank == 0 else None]
-        dist.broadcast_object_list(found, src=0)
-        step = 0
-        if found[0] is not None:
-            step, path = found[0]
-            dcp.load(self._state, checkpoint_id=str(path))
+        durable = [latest_complete_snapshot(self.durable.dir) if self._rank == 0 else None]
+        dist.broadcast_object_list(durable, src=0)
+        durable_step = durable[0][0] if durable[0] else None
+        found = self._restore_from_memory(durable_step) if self.replicator is not None else None
+        if found is not None:
+            step, source, job_source = found
+        elif durable_step is not None:
+            template = self.state.capture()
+            step = self.durable.load(template)
+            self.state.apply(template)
+            source = job_source = "durable"
+        else:
+            step, source, job_source = 0, None, None
+        if self.replicator is not None:
+            self.own.drop_newer_than(step)  # snapshots of a timeline the job rolled back from
+            self.replicas.drop_newer_than(step)
+        self._last_memory_step = step
+        if source is not None:
             self.last_snapshot_step = step
+        self.restored = {"step": step, "source": source, "job_source": job_source,
+                         "seconds": time.perf_counter() - started}
         self._publish_status()
         return step
+
+    def _restore_from_memory(self, durable_step: int | None) -> tuple[int, Source, Source] | None:
+        """(step, this rank's source, the job's) of the agreed memory step, loaded; None to use durable."""
+        held: list[Any] = [None] * self._world
+        dist.all_gather_object(held, inventory(self.own, self.replicas, self._world))
+        plan = plan_recovery(held)
+        if plan.step is None or (durable_step is not None and plan.step < durable_step):
+            return None
+        got = None
+        try:
+            got = fetch(plan, self._rank, self._transport, self.own, self.replicas)
+        except CorruptStream as exc:
+            log.error("memory restore rejected, falling back to the durable tier: %s", exc)
+        ok = torch.tensor([int(got is not None)])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if not ok.item():
+            return None
+        slot, header, source = got
+        self.state.apply(_clone(unpack(header.layout, slot.buffer(header.nbytes))))
+        worst = torch.tensor([_TIERS.index(source)])
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        return plan.step, source, _TIERS[int(worst.item())]
 
     # -- every step ----------------------------------------------------------------------------
     def step_end(self, step: int) -> None:
         """Call on every rank after each optimizer step with the number of steps completed."""
         mine = [c for c in self.inbox.poll(self.job) if c.action_id not in self._handled]
-        saved = self._inflight is not None and self._inflight[1].done()
-        flags = torch.tensor([int(bool(mine)), int(saved)], dtype=torch.int32)
-        dist.all_reduce(flags)  # one tiny collective: any commands? every rank's save written?
+        idle = self.replicator is None or self.replicator.idle
+        flags = torch.tensor([int(bool(mine)), int(self.durable.written()), int(idle)], dtype=torch.int32)
+        dist.all_reduce(flags)  # one tiny collective: commands? every save written? every replicator free?
         if flags[1].item() == self._world:
-            self._finish_if_done()
+            self._finish_durable()
         commands: list[Command] = []
         if flags[0].item():
             gathered: list[Any] = [None] * self._world
@@ -176,52 +251,106 @@ class TrainingHook:
             by_id = {c.action_id: c for batch in gathered for c in batch if c.action_id not in self._handled}
             commands = sorted(by_id.values(), key=lambda c: c.issued_ms)
             self._handled.update(by_id)
-        periodic = self.every_steps > 0 and step % self.every_steps == 0
-        if commands or periodic:
-            self._start_save(step, commands)
         leaving = {c.node for c in commands if c.kind == "leave"}
+        if self.replicator is not None:
+            self.replicator.check()
+            free = flags[2].item() == self._world
+            due = step - self._last_memory_step >= self.memory_every
+            if commands or (free and due):
+                self._memory_snapshot(step, wait_for_round=not free)
+            if leaving:
+                self._replicated_everywhere(step)
+                if self._rank == 0:
+                    for c in commands:
+                        if c.kind == "leave":
+                            self.inbox.ack(c, f"state at step {step} in peer memory")
+                self._finish_durable()
+                self._exit_for_rescale(self.node in leaving)
+                return
+        periodic = self.durable_every > 0 and step % self.durable_every == 0
+        if commands or periodic:
+            self._durable_commands += commands
+            self.durable.start(step, self.state.capture())
         if leaving:
-            self._finish_if_done()
+            self._finish_durable()
             self._exit_for_rescale(self.node in leaving)
 
     def close(self) -> None:
-        """Wait for an in-flight snapshot (call before the process exits)."""
-        self._finish_if_done()
+        """Wait for an in-flight snapshot and replication round (call before the process exits)."""
+        self._finish_durable()
+        if self.replicator is not None:
+            self.replicator.wait()
+            self.replicator.close()
 
     # -- internals -----------------------------------------------------------------------------
-    def _start_save(self, step: int, commands: list[Command]) -> None:
-        self._finish_if_done()  # one snapshot in flight at a time
-        path = self.ckpt_dir / f"step-{step:08d}"
-        response = dcp.async_save(self._state, checkpoint_id=str(path), process_group=self._pg)
-        future = getattr(response, "upload_completion", response)
-        self._inflight = (step, future, self.clock(), commands)
-
-    def _finish_if_done(self) -> None:
-        """Wait for the in-flight snapshot and mark it complete (collective: all ranks call it together)."""
-        if self._inflight is None:
+    def _memory_snapshot(self, step: int, *, wait_for_round: bool) -> None:
+        """Copy the state into the older slot and hand it to the replicator (the stall is this copy)."""
+        started = time.perf_counter()
+        self._finish_copy()
+        if wait_for_round:  # a command cannot wait for the next free step
+            self.replicator.wait()
+        layout, tensors = plan_layout(self.state.capture())
+        slot = self.own.target()
+        slot.invalidate()
+        buf = slot.buffer(layout.nbytes)
+        header = SlotHeader(self._rank, self._world, step, layout)
+        self._last_memory_step, self.state_bytes = step, layout.nbytes
+        if any(t.is_cuda for t in tensors):
+            stream = self._copy_stream = self._copy_stream or torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                pack(layout, tensors, buf, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+            self._copy = (slot, header, event)
+            self.stall_s.append(time.perf_counter() - started)
             return
-        step, future, started, commands = self._inflight
-        future.result()
-        self._inflight = None
-        dist.barrier(group=self._pg)  # every rank's part is written
-        now = self.clock()
-        if self._rank == 0:
-            write_json_atomic(
-                self.ckpt_dir / f"step-{step:08d}" / "COMPLETE",
-                {"step": step, "ts_ms": int(now * 1000), "world": self._world},
-            )
-            self._prune(step)
+        pack(layout, tensors, buf)
+        self.stall_s.append(time.perf_counter() - started)
+        self._commit(slot, header)
+
+    def _finish_copy(self) -> None:
+        """Wait for a side-stream copy (before anything modifies what it reads), then commit it."""
+        if self._copy is None:
+            return
+        slot, header, event = self._copy
+        self._copy = None
+        started = time.perf_counter()
+        event.synchronize()
+        self.stall_s[-1] += time.perf_counter() - started
+        self._commit(slot, header)
+
+    def _commit(self, slot: Slot, header: SlotHeader) -> None:
+        slot.commit(header)
+        self.replicator.submit(slot, header)
+
+    def _replicated_everywhere(self, step: int) -> None:
+        """Wait until every buddy holds the step-``step`` snapshot of its ward (collective)."""
+        self._finish_copy()
+        self.replicator.wait()
+        dist.barrier(group=self._transport.group)  # receivers commit after their last chunk
         self.last_snapshot_step = step
-        self._last_ckpt_ms = int(now * 1000)
-        self._ckpt_s = now - started
+        self._last_ckpt_ms = int(self.clock() * 1000)
+        self._publish_status()
+
+    def _finish_durable(self) -> None:
+        started = self.clock()
+        step = self.durable.finish()
+        if step is None:
+            return
+        self.last_snapshot_step = max(step, self.last_snapshot_step or 0)
+        self._last_ckpt_ms = int(self.clock() * 1000)
+        self._ckpt_s = self.durable.last_seconds
         if self._rank == 0:
             self._publish_status()
-            for c in commands:
+            for c in self._durable_commands:
                 self.inbox.ack(c, f"snapshot durable at step {step} ({self._ckpt_s:.2f}s)")
+        self._durable_commands = []
+        log.debug("durable snapshot of step %d marked complete in %.2fs", step, self.clock() - started)
 
     def _exit_for_rescale(self, i_leave: bool) -> None:
         if i_leave:
-            log.warning("node %s leaves job %s after a durable snapshot", self.node, self.job)
+            log.warning("node %s leaves job %s; its state is safe", self.node, self.job)
             self.leave()
             return
         time.sleep(0.2)  # let the leaving agent take its signal before ours re-rendezvous
@@ -229,16 +358,6 @@ class TrainingHook:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(RESCALE_EXIT_CODE)  # not sys.exit: tearing down groups with a departed peer can hang
-
-    def _prune(self, newest: int) -> None:
-        """Keep the newest ``keep`` complete snapshots; drop older ones and any older unfinished one."""
-        found = sorted(
-            (int(m.group(1)), p) for p in self.ckpt_dir.glob("step-*") if (m := _SNAPSHOT.match(p.name))
-        )
-        kept = [s for s, p in found if (p / "COMPLETE").exists()][-self.keep :] if self.keep > 0 else [newest]
-        for step, path in found:
-            if step < newest and step not in kept:
-                shutil.rmtree(path, ignore_errors=True)
 
     def _publish_status(self) -> None:
         if self.status_root is None or self._rank != 0:

@@ -16,6 +16,7 @@ from pathlib import Path
 import typer
 
 from foreshock.commands.durations import option_seconds as _seconds
+from mitigator.drill import COMPONENTS, SCENARIOS, DrillSettings, run_drill
 
 __all__ = ["register"]
 
@@ -145,29 +146,37 @@ def mitigate(
 
 def drill(
     as_json: bool = typer.Option(False, "--json", help="print the figures as one JSON object"),
-    every: int = typer.Option(40, "--every", help="periodic snapshot interval of the drill job (steps)"),
-    step_seconds: float = typer.Option(0.05, "--step-seconds", help="simulated compute per step"),
+    state_mb: int = typer.Option(64, "--state-mb", min=1, max=1024,
+                                 help="parameters + optimizer state per rank, MiB (up to 1 GiB)"),
+    memory_every: int = typer.Option(1, "--memory-every", min=1, help="memory snapshot interval (steps)"),
+    durable_every: int = typer.Option(20, "--durable-every", "--every", min=1,
+                                      help="durable snapshot interval (steps)"),
+    step_seconds: float = typer.Option(0.0, "--step-seconds", help="extra simulated compute per step"),
+    scenarios: str = typer.Option(",".join(SCENARIOS), "--scenarios", help="comma-separated scenarios"),
     workdir: Path | None = typer.Option(None, "--workdir", help="keep logs and snapshots here"),
 ) -> None:
-    """Fire drill: torchrun job on this machine, node B fails warned and unwarned; print what was lost."""
-    from mitigator.drill import DrillSettings, run_drill
-
-    result = run_drill(DrillSettings(every=every, step_seconds=step_seconds), workdir=workdir)
+    """Fire drill: a torchrun job on this machine loses nodes, warned and not; print each recovery."""
+    names = tuple(n.strip() for n in scenarios.split(",") if n.strip())
+    unknown = sorted(set(names) - set(SCENARIOS))
+    if unknown:
+        raise typer.BadParameter(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}",
+                                 param_hint="--scenarios")
+    settings = DrillSettings(state_mb=state_mb, memory_every=memory_every, durable_every=durable_every,
+                             step_seconds=step_seconds, scenarios=names)
+    result = run_drill(settings, workdir=workdir)
     if as_json:
         typer.echo(json.dumps(result))
         return
-    w, u = result["warned"], result["unwarned"]
-    typer.echo(f"{'':10} {'steps lost':>10} {'seconds lost':>13} {'downtime s':>11}")
-    typer.echo(
-        f"{'warned':10} {w['steps_lost']:>10} {w['seconds_lost']:>13.3f} {w['downtime_seconds']:>11.2f}"
-    )
-    typer.echo(
-        f"{'unwarned':10} {u['steps_lost']:>10} {u['seconds_lost']:>13.3f} {u['downtime_seconds']:>11.2f}"
-    )
-    typer.echo(
-        f"alert -> durable snapshot: {result['alert_to_snapshot_seconds']:.3f} s; "
-        f"training resumed on {', '.join(w['resumed_nodes'])}"
-    )
+    typer.echo(f"state {state_mb} MiB per rank; memory snapshot every {memory_every} step(s), durable every "
+               f"{durable_every}; stall p50 {result['stall_ms_p50']} ms, p99 {result['stall_ms_p99']} ms")
+    typer.echo(f"{'scenario':16} {'steps lost':>10} {'recovery s':>10} {'source':>8} {'exact':>6}  "
+               + " ".join(f"{c:>12}" for c in COMPONENTS))
+    for r in result["scenarios"]:
+        parts = " ".join(f"{r['components_seconds'][c]:>12.2f}" for c in COMPONENTS)
+        typer.echo(f"{r['name']:16} {r['steps_lost']:>10} {r['recovery_seconds']:>10.2f} "
+                   f"{r['restore_source'] or '-':>8} {'yes' if r['bit_exact'] else 'NO':>6}  {parts}")
+    bw = ", ".join(f"{k} {v} GB/s" for k, v in result["bandwidth_gb_per_s"].items() if v is not None)
+    typer.echo(f"bandwidths: {bw}")
 
 
 def register(app: typer.Typer) -> None:

@@ -84,3 +84,42 @@ def test_leave_waits_for_a_durable_snapshot_then_leaves(tmp_path, process_group)
     FileChannel(tmp_path / "control").send(Command("migrate:nodeA:job1:7", "job1", "leave", "nodeA", 7))
     train(model, optimizer, hook, range(0, 2))
     assert left == [1]  # left at the first step that saw the command, after its snapshot was complete
+
+
+def test_memory_tier_resumes_a_restarted_worker_bit_for_bit_and_ahead_of_the_durable_tier(tmp_path,
+                                                                                       process_group):
+    model, optimizer, hook = make(tmp_path, seed=0, memory_every=1, durable_every=4,
+                                  memory_dir=tmp_path / "shm")
+    hook.resume()
+    train(model, optimizer, hook, range(0, 6))  # memory at every step, durable at step 4
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    momentum = [s["momentum_buffer"].clone() for s in optimizer.state.values()]
+    hook.close()
+    assert latest_complete_snapshot(tmp_path / "ckpt")[0] == 4 and len(hook.stall_s) == 6
+
+    model2, optimizer2, hook2 = make(tmp_path, seed=123, memory_every=1, durable_every=4,
+                                     memory_dir=tmp_path / "shm")  # the restarted worker, same node
+    assert hook2.resume() == 6
+    assert hook2.restored["source"] == "memory"
+    for k, v in model2.state_dict().items():
+        assert torch.equal(v, expected[k]), k
+    assert all(torch.equal(s["momentum_buffer"], m) for s, m in zip(optimizer2.state.values(), momentum,
+                                                                     strict=True))
+    train(model2, optimizer2, hook2, range(6, 7))  # the restored tensors are the optimizer's own, not views
+    assert not torch.equal(model2.state_dict()["weight"], expected["weight"])
+    hook2.close()
+
+    model3, _, hook3 = make(tmp_path, seed=5, memory_every=1, durable_every=4, memory_dir=tmp_path / "gone")
+    assert hook3.resume() == 4 and hook3.restored["source"] == "durable"  # the node's memory is lost
+    hook3.close()
+
+
+def test_importing_the_hook_loads_no_cluster_side_service():
+    import subprocess
+    import sys
+
+    code = ("import sys, mitigator.hook; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('kafka', 'predictor', 'features', 'models', 'fastapi') or m in ('mitigator.policy', "
+            "'mitigator.service', 'mitigator.engine', 'mitigator.executor', 'mitigator.schedulers'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
