@@ -10,6 +10,17 @@ Strategies (``STRATEGIES``):
 * ``oracle``: every failure is warned just in time (checkpoint + migration + 60 s ahead), no
   false alarms, no periodic checkpoints: the ceiling any predictor can reach.
 
+With a tiered job's parameters (``tiered``: a ``JobParams`` with ``tiers``, e.g. projected from a
+drill by ``models.goodput.projection``) two more (``TIERED_STRATEGIES``):
+
+* ``tiered``: memory, peer and durable tiers, no prediction; each tier's interval is Daly's for
+  its stall and the failures it protects against (``models.goodput.tiers.tier_intervals``);
+* ``tiered+foreshock``: the same tiers, and each warning snapshots the flagged node's memory and
+  moves it to a spare; the memory interval is Daly's for the failures left unpredicted.
+
+A pair-loss probability the tiered parameters leave open is estimated from the trace itself
+(``models.goodput.tiers.pair_loss_probability``) over the window in which one copy only exists.
+
 All strategies see the same failures; the foreshock warnings come from one random draw per
 failure, so raising recall only adds warnings (common random numbers).
 """
@@ -27,12 +38,15 @@ import numpy as np
 import pandas as pd
 
 from models.goodput.simulate import JobParams, SimResult, simulate
+from models.goodput.tiers import draw_pair_losses, pair_loss_probability, pair_loss_window_s, tier_intervals
 from models.goodput.traces import FailureTrace
 from models.reliability import SECONDS_PER_DAY, daly_interval_seconds, mitigation_success_probability
 
-__all__ = ["STRATEGIES", "JSON_KEYS", "OperatingPoint", "draw_warnings", "run_strategies", "compare", "sweep"]
+__all__ = ["STRATEGIES", "TIERED_STRATEGIES", "JSON_KEYS", "OperatingPoint", "draw_warnings", "resolve_tiers",
+           "run_strategies", "compare", "sweep"]
 
 STRATEGIES = ("fixed", "young_daly", "foreshock", "oracle")
+TIERED_STRATEGIES = ("tiered", "tiered+foreshock")
 ORACLE_MARGIN_S = 60.0
 MIN_SAMPLE = 5  # evaluated failures (or lead times) below which a metrics breakdown is not trusted
 JSON_KEYS = (
@@ -105,20 +119,63 @@ def draw_warnings(trace: FailureTrace, op: OperatingPoint, seed: int = 0) -> tup
     return warn, false_alarms
 
 
+def _residual_share(trace: FailureTrace, params: JobParams, op: OperatingPoint | None) -> float:
+    """Expected share of failures left unwarned (warned too late to save and migrate counts as left)."""
+    if op is None or not len(trace):
+        return 1.0
+    in_time = mitigation_success_probability(op.lead_time_s, params.save_s + params.migration_s)
+    return 1.0 - float(np.mean(op.recall_for(trace.cause))) * in_time
+
+
 def _foreshock_interval(trace: FailureTrace, params: JobParams, op: OperatingPoint) -> float:
     """Daly's interval for the failures the predictor leaves (its expected residual rate)."""
     if not len(trace):
         return math.inf
-    in_time = mitigation_success_probability(op.lead_time_s, params.checkpoint_s + params.migration_s)
-    caught = float(np.mean(op.recall_for(trace.cause))) * in_time
-    residual = 1.0 - caught
+    residual = _residual_share(trace, params, op)
     return math.inf if residual <= 0 else daly_interval_seconds(params.checkpoint_s, trace.mtbf_s / residual)
 
 
+def resolve_tiers(trace: FailureTrace, tiered: JobParams,
+                  op: OperatingPoint | None = None) -> tuple[JobParams, float, int]:
+    """(tiered parameters with the pair-loss probability fixed, memory interval, durable every K).
+
+    The intervals are each tier's Daly interval for the failures ``op`` leaves unwarned (all of
+    them without ``op``). An open pair-loss probability is estimated on ``trace`` over the window
+    that memory interval implies.
+    """
+    tiers = tiered.tiers
+    if tiers is None:
+        raise ValueError("tiered strategies need JobParams with tiers")
+    residual = _residual_share(trace, tiered, op)
+    unwarned_mtbf = trace.mtbf_s / residual if residual > 0 else math.inf
+    if tiers.pair_loss_probability is None:
+        memory, _ = tier_intervals(replace(tiers, pair_loss_probability=0.0), unwarned_mtbf)
+        window = pair_loss_window_s(tiers, trace.duration_s if math.isinf(memory) else memory)
+        tiers = replace(tiers, pair_loss_probability=pair_loss_probability(trace, window))
+    interval, every = tier_intervals(tiers, unwarned_mtbf)
+    return replace(tiered, tiers=tiers), trace.duration_s if math.isinf(interval) else interval, every
+
+
+def _run_tiered(trace: FailureTrace, tiered: JobParams, op: OperatingPoint | None, seed: int) -> SimResult:
+    params, interval, every = resolve_tiers(trace, tiered, op)
+    assert params.tiers is not None
+    lost_both = draw_pair_losses(trace, params.tiers.q, seed)
+    if op is None:
+        return simulate(trace, interval, params, durable_every=every, pair_lost=lost_both)
+    warn, false_alarms = draw_warnings(trace, op, seed)
+    return simulate(trace, interval, params, warn_s=warn, false_alarm_s=false_alarms, durable_every=every,
+                    pair_lost=lost_both)
+
+
 def run_strategies(trace: FailureTrace, params: JobParams, op: OperatingPoint, *,
-                   fixed_interval_s: float = 1800.0, strategies: Sequence[str] = STRATEGIES,
-                   seed: int = 0) -> dict[str, SimResult]:
-    """Replay ``trace`` once per strategy (see the module docstring)."""
+                   fixed_interval_s: float = 1800.0, strategies: Sequence[str] | None = None,
+                   seed: int = 0, tiered: JobParams | None = None) -> dict[str, SimResult]:
+    """Replay ``trace`` once per strategy (see the module docstring).
+
+    ``strategies`` defaults to ``STRATEGIES``, plus ``TIERED_STRATEGIES`` when ``tiered`` is given.
+    """
+    if strategies is None:
+        strategies = STRATEGIES + (TIERED_STRATEGIES if tiered is not None else ())
     results: dict[str, SimResult] = {}
     for name in strategies:
         if name == "fixed":
@@ -132,37 +189,63 @@ def run_strategies(trace: FailureTrace, params: JobParams, op: OperatingPoint, *
         elif name == "oracle":
             lead = params.checkpoint_s + params.migration_s + ORACLE_MARGIN_S
             results[name] = simulate(trace, math.inf, params, warn_s=np.maximum(0.0, trace.fail_s - lead))
+        elif name in TIERED_STRATEGIES:
+            if tiered is None:
+                raise ValueError(f"strategy {name!r} needs the tiered job's parameters (tiered=...)")
+            results[name] = _run_tiered(trace, tiered, op if name == "tiered+foreshock" else None, seed)
         else:
-            raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
+            known = ", ".join(STRATEGIES + TIERED_STRATEGIES)
+            raise ValueError(f"unknown strategy {name!r}; known: {known}")
     return results
 
 
-def _rows(results: Mapping[str, SimResult], baseline: SimResult) -> list[dict[str, Any]]:
-    """Table rows; ``lost_time_reduction`` = 1 − lost(strategy) / lost(baseline)."""
-    rows = []
+def _reduction(r: SimResult, baseline: SimResult | None) -> float:
+    """1 − lost(strategy) / lost(baseline); 0 when the baseline loses nothing, NaN without one."""
+    if baseline is None:
+        return math.nan
     base_lost = 1.0 - baseline.ettr
+    return (1.0 - (1.0 - r.ettr) / base_lost) if base_lost > 0 else 0.0
+
+
+def _rows(results: Mapping[str, SimResult], baseline: SimResult) -> list[dict[str, Any]]:
+    """Table rows; ``lost_time_reduction`` = 1 − lost(strategy) / lost(baseline), and
+    ``lost_time_reduction_vs_young_daly`` the same against ``young_daly`` when it ran."""
+    rows = []
     for name, r in results.items():
-        reduction = (1.0 - (1.0 - r.ettr) / base_lost) if base_lost > 0 else 0.0
+        days, tiered = r.duration_s / SECONDS_PER_DAY, r.durable_every > 0
         rows.append({"gpus": r.gpus, "strategy": name, "ettr": r.ettr,
                      "lost_gpu_hours_per_day": r.lost_gpu_hours_per_day,
-                     "interruptions_per_day": r.interruptions_per_day, "lost_time_reduction": reduction,
+                     "interruptions_per_day": r.interruptions_per_day,
+                     "lost_time_reduction": _reduction(r, baseline),
                      "interval_min": r.interval_s / 60.0,
-                     "migrations_per_day": r.migrations / (r.duration_s / SECONDS_PER_DAY),
-                     "planned_restarts_per_day": r.planned_restarts / (r.duration_s / SECONDS_PER_DAY)})
+                     "migrations_per_day": r.migrations / days,
+                     "planned_restarts_per_day": r.planned_restarts / days,
+                     "lost_time_reduction_vs_young_daly": _reduction(r, results.get("young_daly")),
+                     "durable_interval_min": (r.durable_every * r.interval_s / 60.0) if tiered else math.nan,
+                     "pair_loss_probability": r.pair_loss_probability if tiered else math.nan,
+                     "pair_losses": r.pair_losses})
     return rows
 
 
 def compare(traces: Iterable[FailureTrace], params: JobParams, op: OperatingPoint, *,
-            fixed_interval_s: float = 1800.0, seed: int = 0) -> pd.DataFrame:
+            fixed_interval_s: float = 1800.0, seed: int = 0,
+            tiered_for: Callable[[FailureTrace], JobParams] | None = None) -> pd.DataFrame:
     """One row per (trace, strategy); ``lost_time_reduction`` is relative to ``fixed`` on that trace.
+
+    ``tiered_for(trace)`` gives the tiered job's parameters for that trace (its costs depend on
+    the cluster size); with it the ``TIERED_STRATEGIES`` rows follow the others.
 
     Columns: the JSON keys of ``foreshock goodput --json`` (``gpus``, ``strategy``, ``ettr``,
     ``lost_gpu_hours_per_day``, ``interruptions_per_day``, ``lost_time_reduction``) then
-    ``interval_min``, ``migrations_per_day``, ``planned_restarts_per_day``.
+    ``interval_min``, ``migrations_per_day``, ``planned_restarts_per_day``,
+    ``lost_time_reduction_vs_young_daly``, and for tiered rows ``durable_interval_min``,
+    ``pair_loss_probability``, ``pair_losses`` (NaN, NaN, 0 otherwise).
     """
     rows: list[dict[str, Any]] = []
     for trace in traces:
-        results = run_strategies(trace, params, op, fixed_interval_s=fixed_interval_s, seed=seed)
+        tiered = tiered_for(trace) if tiered_for is not None else None
+        results = run_strategies(trace, params, op, fixed_interval_s=fixed_interval_s, seed=seed,
+                                 tiered=tiered)
         rows += _rows(results, results["fixed"])
     return pd.DataFrame(rows)
 
