@@ -2,11 +2,11 @@
 
     .venv/bin/python benchmarks/bench_mitigate.py [--quick]
 
-1. Fire drill (:mod:`mitigator.drill`): a tiny model under torchrun elastic (A and B train, C is
+1. Fire drill (:mod:`mitigator.drill`): the drill job under torchrun elastic (A and B train, C is
    the spare). Warned: a risk record crosses the threshold on B → the mitigator migrates → figures:
-   alert → durable snapshot, alert → training resumed on the spare, steps/seconds lost. Baseline:
-   B dies unannounced in the same run (steps/seconds lost since the last periodic snapshot, and
-   failure → training resumed). ``--quick`` runs the warned scenario only.
+   alert → state in the buddy's memory, alert → training resumed on the spare, steps/seconds lost.
+   Baseline: B dies unannounced in the same run (steps/seconds lost since the last snapshot it
+   could restore, and failure → training resumed). ``--quick`` runs the warned scenario only.
 2. Policy throughput: risk records/s through the mitigator's loop (decode → engine → executor →
    audit) on the in-memory bus, against decoding alone (the floor any consumer pays).
 """
@@ -69,13 +69,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-mitigate-") as tmp:
         work = Path(tmp)
         settings = DrillSettings()
-        warned = run_scenario(work / "warned", True, settings)
+        warned = run_scenario(work / "warned", "warned", settings)
         print("fire drill (torchrun elastic, gloo CPU, 3 agents on this host)")
-        print(f"  alert -> durable snapshot        {warned.alert_to_snapshot_seconds:8.3f} s")
+        print(f"  alert -> state in peer memory    {warned.alert_to_snapshot_seconds:8.3f} s")
         print(f"  alert -> training resumed on C   {warned.alert_to_resumed_seconds:8.3f} s")
         print(f"  warned:   steps lost {warned.steps_lost:4d}   seconds lost {warned.seconds_lost:7.3f}")
         if not args.quick:
-            unwarned = run_scenario(work / "unwarned", False, settings)
+            unwarned = run_scenario(work / "unwarned", "unwarned", settings)
             u = unwarned
             print(f"  unwarned: steps lost {u.steps_lost:4d}   seconds lost {u.seconds_lost:7.3f}"
                   f"   failure -> resumed {u.downtime_seconds:.3f} s   (baseline)")

@@ -71,7 +71,8 @@ class DrillSettings:
     step_seconds: float = 0.0  # extra simulated compute per step
     event_after_steps: int = 12  # steps after the first durable snapshot when risk rises / nodes die
     resume_steps: int = 8  # steps to see after the recovery before stopping
-    timeout_s: float = 150.0
+    timeout_s: float = 1800.0  # a whole scenario, at most
+    quiet_s: float = 90.0  # at most this long without a progress line (torch import and recovery included)
     python: str = sys.executable
     scenarios: tuple[str, ...] = SCENARIOS
 
@@ -184,12 +185,17 @@ class _Cluster:
         shutil.rmtree(self.memory, ignore_errors=True)
 
     def wait_for(self, what: str, predicate, deadline: float, dead: tuple[str, ...] = ()):
-        while time.monotonic() < deadline:
+        """Wait until ``predicate(progress)``: the job must keep writing progress while it runs."""
+        seen, last = -1, time.monotonic()
+        while time.monotonic() < min(deadline, last + self.s.quiet_s):
             for node, proc in self.procs.items():
                 if node not in dead and proc.poll() is not None:
                     raise RuntimeError(f"agent {node} exited ({proc.returncode}) while waiting for {what}; "
                                        f"see {self.work / 'logs'}")
-            hit = predicate(_read(self.progress))
+            events = _read(self.progress)
+            if len(events) != seen:
+                seen, last = len(events), time.monotonic()
+            hit = predicate(events)
             if hit:
                 return hit
             time.sleep(0.02)
@@ -272,7 +278,10 @@ def run_scenario(work: Path, name: str, settings: DrillSettings | None = None) -
         step = extra["snapshot_step"]
         finished = any(e.get("durable_done", {}).get("step") == step and e["ts_ms"] < failure_ms
                        for e in events)
-        marked = (c.ckpt / f"step-{step:08d}" / "COMPLETE").exists()
+        # the step may be saved again, rightly, once the job has resumed before it and redone it
+        resumed_ms = min(e["ts_ms"] for e in events if e["event"] == "resume" and e["ts_ms"] >= failure_ms)
+        marker = c.ckpt / f"step-{step:08d}" / "COMPLETE"
+        marked = marker.exists() and json.loads(marker.read_text())["ts_ms"] < resumed_ms
         extra["snapshot_finished_before_failure"] = finished
         return _with(result, unfinished_snapshot_marked=marked and not finished, extra=extra)
     return _with(result, extra=extra)

@@ -34,7 +34,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from mitigator.channels import FileChannel  # noqa: E402
-from mitigator.hook import TrainingHook  # noqa: E402
+from mitigator.hook import TrainingHook, exit_on_failure  # noqa: E402
 
 __all__ = ["main", "Shard", "Position", "train_step"]
 
@@ -94,7 +94,7 @@ def train_step(shard: Shard, optimizer: torch.optim.Optimizer, loader: Position)
     dist.all_reduce(sq)  # the global gradient norm couples the ranks, as clipping does
     shard.weight.grad.mul_(torch.clamp(1.0 / (sq.sqrt() + 1e-12), max=1.0))
     optimizer.step()
-    return float(loss)
+    return loss.item()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"[:300]
         _log(args.progress, event="failed", node=args.node, rank=rank, error=error)
-        raise
+        exit_on_failure(exc)
     hook.close()
     dist.destroy_process_group()
 

@@ -6,9 +6,12 @@ Usage (after ``torch.distributed.init_process_group`` and building model + optim
                         model=model, optimizer=optimizer, dataloader=loader,
                         memory_every=1, durable_every=500)
     start = hook.resume()               # once, before the loop: restores the newest state every rank has
-    for step in range(start, total):
-        train_one_step()
-        hook.step_end(step + 1)         # after optimizer.step(): step = steps completed
+    try:
+        for step in range(start, total):
+            train_one_step()
+            hook.step_end(step + 1)     # after optimizer.step(): step = steps completed
+    except Exception as exc:
+        exit_on_failure(exc)            # a peer died: leave now, torchrun re-rendezvous
     hook.close()
 
 State is kept in three tiers (:mod:`mitigator.tiers`):
@@ -50,7 +53,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psutil
 import torch
@@ -60,6 +63,7 @@ from mitigator.channels import Command, CommandInbox
 from mitigator.jobs import write_job_status
 from mitigator.plan import JobView
 from mitigator.tiers.durable import DurableTier, latest_complete_snapshot
+from mitigator.tiers.heartbeat import Heartbeat, store_from_env
 from mitigator.tiers.layout import pack, plan_layout, unpack
 from mitigator.tiers.memory import Slot, SlotHeader, SlotPair
 from mitigator.tiers.peer import PeerReplicator
@@ -67,11 +71,13 @@ from mitigator.tiers.recovery import Source, fetch, inventory, plan_recovery
 from mitigator.tiers.state import Stateful, TrainState
 from mitigator.tiers.transport import CorruptStream, ProcessGroupTransport
 
-__all__ = ["TrainingHook", "RESCALE_EXIT_CODE", "leave_torchrun", "latest_complete_snapshot"]
+__all__ = ["TrainingHook", "RESCALE_EXIT_CODE", "FAILED_EXIT_CODE", "exit_on_failure", "leave_torchrun",
+           "latest_complete_snapshot"]
 
 log = logging.getLogger(__name__)
 
 RESCALE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again" — the agent restarts the workers and re-rendezvous
+FAILED_EXIT_CODE = 1
 _TIERS: tuple[Source, ...] = ("memory", "peer", "durable")  # fastest first
 
 
@@ -87,6 +93,21 @@ def leave_torchrun() -> None:
     os.kill(parent.pid, signal.SIGTERM)
     while True:  # the agent terminates this worker as part of its shutdown
         time.sleep(1)
+
+
+def exit_on_failure(exc: BaseException) -> NoReturn:
+    """End a worker whose collective failed at once, so torchrun restarts the group without delay.
+
+    A normal exit after a peer died can hang for the collective timeout: the interpreter joins
+    DCP's writer thread and tears down process groups whose last operations wait on the dead
+    peer, and until the worker is gone its agent does not re-rendezvous. Call it from the
+    training loop's ``except``; the memory tier on tmpfs is unaffected.
+    """
+    log.error("training step failed (%s: %s); leaving for the recovery", type(exc).__name__, exc,
+              exc_info=exc)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(FAILED_EXIT_CODE)
 
 
 def _default_memory_dir(job: str) -> Path:
@@ -111,10 +132,11 @@ class TrainingHook:
     steps between durable snapshots (0: only on command); ``every_steps`` is its older name, kept
     so no caller breaks. ``memory_dir``: node-local folder of the memory tier (default
     ``/dev/shm/foreshock-JOB``); ``ranks_per_node``: the buddy offset (default torchrun's
-    ``LOCAL_WORLD_SIZE``). ``status_root``: where rank 0 publishes the job's status for
-    :class:`mitigator.jobs.FileJobs`. ``keep``: complete durable snapshots to keep. ``leave``: how
-    this node leaves the job (default: stop the torchrun agent). ``ckpt_dir`` must be on storage
-    every rank (and every spare) can read.
+    ``LOCAL_WORLD_SIZE``). ``heartbeat_timeout_s``: under torchrun, a rank whose heartbeat stops
+    for this long ends the workers so the job re-rendezvous at once (None: off). ``status_root``:
+    where rank 0 publishes the job's status for :class:`mitigator.jobs.FileJobs`. ``keep``: complete
+    durable snapshots to keep. ``leave``: how this node leaves the job (default: stop the torchrun
+    agent). ``ckpt_dir`` must be on storage every rank (and every spare) can read.
     """
 
     def __init__(
@@ -132,6 +154,7 @@ class TrainingHook:
         durable_every: int | None = None,
         memory_dir: str | Path | None = None,
         ranks_per_node: int | None = None,
+        heartbeat_timeout_s: float | None = 10.0,
         status_root: str | Path | None = None,
         keep: int = 2,
         leave: Callable[[], None] = leave_torchrun,
@@ -161,6 +184,10 @@ class TrainingHook:
         self.stall_s: list[float] = []  # every memory snapshot's stall, for the drill and benchmarks
         self.restored: dict[str, Any] = {}
         self.replicator: PeerReplicator | None = None
+        store = store_from_env("foreshock-heartbeat") if heartbeat_timeout_s else None
+        self.heartbeat = None if store is None else Heartbeat(
+            store, self._rank, self._world, interval_s=min(1.0, heartbeat_timeout_s / 5),
+            timeout_s=heartbeat_timeout_s)
         if memory_every:
             local = int(os.environ.get("LOCAL_RANK", "0"))
             root = Path(memory_dir or _default_memory_dir(job)) / f"local-{local}"
@@ -281,6 +308,8 @@ class TrainingHook:
         if self.replicator is not None:
             self.replicator.wait()
             self.replicator.close()
+        if self.heartbeat is not None:
+            self.heartbeat.close()
 
     # -- internals -----------------------------------------------------------------------------
     def _memory_snapshot(self, step: int, *, wait_for_round: bool) -> None:
