@@ -18,6 +18,9 @@ Scenarios (:data:`SCENARIOS`), each on a fresh cluster:
 * ``during_snapshot``: B dies while a durable snapshot is being written (and a memory copy or a
   replication round is usually in flight): the unfinished snapshot is never marked complete and the
   job restores from memory.
+* ``hung`` (only when named): B's worker freezes (SIGSTOP) while its agent stays up, so no socket
+  closes, torchrun's keep-alive goes on and the survivors' collective would wait for its timeout;
+  the hook's heartbeat detects it.
 
 For each: steps lost (last step reached − step resumed from), the recovery time failure → first
 step split into detection → rendezvous → worker start → restore → first step, the restore source,
@@ -58,6 +61,7 @@ __all__ = ["SCENARIOS", "DrillSettings", "ScenarioResult", "run_scenario", "run_
 
 JOB = "drill"
 SCENARIOS = ("warned", "unwarned", "pair_lost", "corrupt_replica", "during_snapshot")
+EXTRA_SCENARIOS = ("hung",)  # run when named: it waits out the heartbeat timeout
 COMPONENTS = ("detection", "rendezvous", "worker_start", "restore", "first_step")
 
 
@@ -176,6 +180,13 @@ class _Cluster:
                         p.kill()
         shutil.rmtree(self.memory_dir(node), ignore_errors=True)
 
+    def freeze(self, node: str) -> None:
+        """The node's worker hangs (SIGSTOP) while its torchrun agent stays up: alive and silent."""
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for p in psutil.Process(self.procs[node].pid).children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.suspend()
+
     def stop(self) -> None:
         for node in self.procs:
             self.kill(node)
@@ -224,8 +235,8 @@ def _corrupt_replica(c: _Cluster, node: str) -> int:
 
 def run_scenario(work: Path, name: str, settings: DrillSettings | None = None) -> ScenarioResult:
     """One drill scenario in ``work`` (see the module docstring)."""
-    if name not in SCENARIOS:
-        raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    if name not in SCENARIOS + EXTRA_SCENARIOS:
+        raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS + EXTRA_SCENARIOS)}")
     s = settings or DrillSettings()
     c = _Cluster(work, s)
     deadline = time.monotonic() + s.timeout_s
@@ -247,6 +258,9 @@ def run_scenario(work: Path, name: str, settings: DrillSettings | None = None) -
             alert_ms, failure_ms = _warn_and_migrate(c, deadline)
             c.procs["B"].wait(timeout=max(1.0, deadline - time.monotonic()))
             c.kill("B")  # the predicted failure lands
+        elif name == "hung":
+            failure_ms = now_ms()
+            c.freeze("B")  # no socket closes: only the heartbeat can tell
         elif name == "during_snapshot":
             saving = c.wait_for("a durable snapshot in flight", lambda ev: next(
                 (e for e in ev if e.get("durable_started") and e["node"] == "B" and e["step"] >= event_step),

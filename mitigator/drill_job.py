@@ -123,7 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     hook = TrainingHook(args.job, args.node, FileChannel(args.control_dir), args.ckpt_dir, model=shard,
                         optimizer=optimizer, dataloader=loader, memory_every=args.memory_every,
                         durable_every=args.durable_every, memory_dir=args.memory_dir,
-                        status_root=args.control_dir)
+                        status_root=args.control_dir,
+                        on_peer_lost=lambda why: _log(args.progress, event="failed", node=args.node,
+                                                      rank=rank, error=f"heartbeat: {why}"))
     _log(args.progress, event="ready", node=args.node, rank=rank)
     try:
         start = hook.resume()

@@ -63,7 +63,7 @@ from mitigator.channels import Command, CommandInbox
 from mitigator.jobs import write_job_status
 from mitigator.plan import JobView
 from mitigator.tiers.durable import DurableTier, latest_complete_snapshot
-from mitigator.tiers.heartbeat import Heartbeat, store_from_env
+from mitigator.tiers.heartbeat import Heartbeat, exit_lost, store_from_env
 from mitigator.tiers.layout import pack, plan_layout, unpack
 from mitigator.tiers.memory import Slot, SlotHeader, SlotPair
 from mitigator.tiers.peer import PeerReplicator
@@ -114,17 +114,6 @@ def _default_memory_dir(job: str) -> Path:
     return Path("/dev/shm") / f"foreshock-{job}"
 
 
-def _clone(state: Any) -> Any:
-    """A deep copy of ``state``'s tensors (an optimizer keeps the tensors it loads, not copies)."""
-    if isinstance(state, torch.Tensor):
-        return state.clone()
-    if isinstance(state, dict):
-        return type(state)((k, _clone(v)) for k, v in state.items())
-    if isinstance(state, list | tuple):
-        return type(state)(_clone(v) for v in state)
-    return state
-
-
 class TrainingHook:
     """Listen for the mitigator's commands and keep tiered, resumable state (see the module docstring).
 
@@ -133,7 +122,8 @@ class TrainingHook:
     so no caller breaks. ``memory_dir``: node-local folder of the memory tier (default
     ``/dev/shm/foreshock-JOB``); ``ranks_per_node``: the buddy offset (default torchrun's
     ``LOCAL_WORLD_SIZE``). ``heartbeat_timeout_s``: under torchrun, a rank whose heartbeat stops
-    for this long ends the workers so the job re-rendezvous at once (None: off). ``status_root``:
+    for this long ends the workers so the job re-rendezvous at once (None: off); ``on_peer_lost``
+    is called with the reason first (to log it where the job logs). ``status_root``:
     where rank 0 publishes the job's status for :class:`mitigator.jobs.FileJobs`. ``keep``: complete
     durable snapshots to keep. ``leave``: how this node leaves the job (default: stop the torchrun
     agent). ``ckpt_dir`` must be on storage every rank (and every spare) can read.
@@ -155,6 +145,7 @@ class TrainingHook:
         memory_dir: str | Path | None = None,
         ranks_per_node: int | None = None,
         heartbeat_timeout_s: float | None = 10.0,
+        on_peer_lost: Callable[[str], None] | None = None,
         status_root: str | Path | None = None,
         keep: int = 2,
         leave: Callable[[], None] = leave_torchrun,
@@ -185,9 +176,14 @@ class TrainingHook:
         self.restored: dict[str, Any] = {}
         self.replicator: PeerReplicator | None = None
         store = store_from_env("foreshock-heartbeat") if heartbeat_timeout_s else None
+        def lost(reason: str) -> None:
+            if on_peer_lost is not None:
+                on_peer_lost(reason)
+            exit_lost(reason)
+
         self.heartbeat = None if store is None else Heartbeat(
             store, self._rank, self._world, interval_s=min(1.0, heartbeat_timeout_s / 5),
-            timeout_s=heartbeat_timeout_s)
+            timeout_s=heartbeat_timeout_s, on_lost=lost)
         if memory_every:
             local = int(os.environ.get("LOCAL_RANK", "0"))
             root = Path(memory_dir or _default_memory_dir(job)) / f"local-{local}"
@@ -257,7 +253,7 @@ class TrainingHook:
         if not ok.item():
             return None
         slot, header, source = got
-        self.state.apply(_clone(unpack(header.layout, slot.buffer(header.nbytes))))
+        self.state.apply_view(unpack(header.layout, slot.buffer(header.nbytes)))
         worst = torch.tensor([_TIERS.index(source)])
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         return plan.step, source, _TIERS[int(worst.item())]
@@ -335,8 +331,8 @@ class TrainingHook:
             self.stall_s.append(time.perf_counter() - started)
             return
         pack(layout, tensors, buf)
-        self.stall_s.append(time.perf_counter() - started)
         self._commit(slot, header)
+        self.stall_s.append(time.perf_counter() - started)
 
     def _finish_copy(self) -> None:
         """Wait for a side-stream copy (before anything modifies what it reads), then commit it."""
@@ -346,8 +342,8 @@ class TrainingHook:
         self._copy = None
         started = time.perf_counter()
         event.synchronize()
-        self.stall_s[-1] += time.perf_counter() - started
         self._commit(slot, header)
+        self.stall_s[-1] += time.perf_counter() - started
 
     def _commit(self, slot: Slot, header: SlotHeader) -> None:
         slot.commit(header)

@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from foreshock.commands.durations import option_seconds as _seconds
-from mitigator.drill import COMPONENTS, SCENARIOS, DrillSettings, run_drill
+from mitigator.drill import COMPONENTS, EXTRA_SCENARIOS, SCENARIOS, DrillSettings, run_drill
 
 __all__ = ["register"]
 
@@ -152,14 +152,16 @@ def drill(
     durable_every: int = typer.Option(20, "--durable-every", "--every", min=1,
                                       help="durable snapshot interval (steps)"),
     step_seconds: float = typer.Option(0.0, "--step-seconds", help="extra simulated compute per step"),
-    scenarios: str = typer.Option(",".join(SCENARIOS), "--scenarios", help="comma-separated scenarios"),
+    scenarios: str = typer.Option(",".join(SCENARIOS), "--scenarios",
+                                  help=f"comma-separated scenarios; also: {', '.join(EXTRA_SCENARIOS)}"),
     workdir: Path | None = typer.Option(None, "--workdir", help="keep logs and snapshots here"),
 ) -> None:
     """Fire drill: a torchrun job on this machine loses nodes, warned and not; print each recovery."""
     names = tuple(n.strip() for n in scenarios.split(",") if n.strip())
-    unknown = sorted(set(names) - set(SCENARIOS))
+    unknown = sorted(set(names) - set(SCENARIOS + EXTRA_SCENARIOS))
     if unknown:
-        raise typer.BadParameter(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}",
+        raise typer.BadParameter(f"unknown scenario(s) {', '.join(unknown)}; known: "
+                                 f"{', '.join(SCENARIOS + EXTRA_SCENARIOS)}",
                                  param_hint="--scenarios")
     settings = DrillSettings(state_mb=state_mb, memory_every=memory_every, durable_every=durable_every,
                              step_seconds=step_seconds, scenarios=names)

@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 
 from mitigator.channels import write_json_atomic
 
-__all__ = ["DurableTier", "latest_complete_snapshot"]
+__all__ = ["DurableTier", "durable_view", "latest_complete_snapshot"]
 
 _SNAPSHOT = re.compile(r"^step-(\d{8,})$")
 
@@ -36,6 +36,15 @@ def latest_complete_snapshot(ckpt_dir: str | Path) -> tuple[int, Path] | None:
         if m and (p / "COMPLETE").exists() and (best is None or int(m.group(1)) > best[0]):
             best = (int(m.group(1)), p)
     return best
+
+
+def durable_view(state: dict[str, Any], rank: int) -> dict[str, Any]:
+    """``state`` as DCP should see it: model and optimizer by their global names, the rest per rank.
+
+    DCP takes entries of the same name on different ranks for copies of one tensor and keeps
+    one; each rank's RNG and dataloader position are its own, so they go under its rank.
+    """
+    return {k: v for k, v in state.items() if k != "local"} | {f"rank-{rank}": state["local"]}
 
 
 class DurableTier:
@@ -56,21 +65,13 @@ class DurableTier:
         """This rank's part of the save in flight is on storage (false when nothing is in flight)."""
         return self._inflight is not None and self._inflight[1].done()
 
-    def _view(self, state: dict[str, Any]) -> dict[str, Any]:
-        """``state`` as DCP should see it: model and optimizer by their global names, the rest per rank.
-
-        DCP takes entries of the same name on different ranks for copies of one tensor and keeps
-        one; each rank's RNG and dataloader position are its own, so they go under its rank.
-        """
-        return {k: v for k, v in state.items() if k != "local"} | {f"rank-{self.rank}": state["local"]}
-
     def start(self, step: int, state: dict[str, Any]) -> None:
         """Begin an asynchronous save of ``state`` (finishes the previous one first: collective)."""
         self.finish()
         if self.rank == 0:
             self._prune(keep=max(self.keep - 1, 0))
         dist.barrier(group=self._pg)  # nobody writes into a folder rank 0 is still removing
-        response = dcp.async_save(self._view(state), checkpoint_id=str(self.path(step)),
+        response = dcp.async_save(durable_view(state, self.rank), checkpoint_id=str(self.path(step)),
                                   process_group=self._pg)
         future = getattr(response, "upload_completion", response)
         self._inflight = (step, future, time.perf_counter())
@@ -97,7 +98,7 @@ class DurableTier:
         if found[0] is None:
             return None
         step, path = found[0]
-        dcp.load(self._view(state), checkpoint_id=str(path))
+        dcp.load(durable_view(state, self.rank), checkpoint_id=str(path))
         return step
 
     def path(self, step: int) -> Path:

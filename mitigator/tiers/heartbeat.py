@@ -21,14 +21,15 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-__all__ = ["Heartbeat", "LOST_EXIT_CODE", "store_from_env"]
+__all__ = ["Heartbeat", "LOST_EXIT_CODE", "exit_lost", "store_from_env"]
 
 log = logging.getLogger(__name__)
 
 LOST_EXIT_CODE = 70  # EX_SOFTWARE: the agent restarts the workers
 
 
-def _exit_lost(reason: str) -> None:
+def exit_lost(reason: str) -> None:
+    """End this worker because a peer is lost (the default of :class:`Heartbeat`'s ``on_lost``)."""
     log.error("heartbeat: %s; leaving so the job can re-rendezvous", reason)
     sys.stderr.flush()
     os._exit(LOST_EXIT_CODE)
@@ -47,7 +48,7 @@ class Heartbeat:
     """Beat and watch on a thread (see the module docstring); ``on_lost`` defaults to leaving."""
 
     def __init__(self, store: dist.Store, rank: int, world: int, *, interval_s: float = 0.5,
-                 timeout_s: float = 3.0, on_lost: Callable[[str], None] = _exit_lost):
+                 timeout_s: float = 3.0, on_lost: Callable[[str], None] = exit_lost):
         if not 0 < interval_s < timeout_s:
             raise ValueError("need 0 < interval_s < timeout_s")
         self.store, self.rank, self.world = store, rank, world

@@ -68,22 +68,36 @@ class Slot:
         self._header_path = path.with_suffix(".header")
         self._buf: torch.Tensor | None = None
         self._registered = False
+        self._cached: tuple[tuple[int, int, int], SlotHeader | None] | None = None
 
     @property
     def header(self) -> SlotHeader | None:
-        """The committed header, or None if the slot holds no complete snapshot."""
+        """The committed header, or None if the slot holds no complete snapshot.
+
+        Read again only when the file changed (every commit renames a new file into place), since a
+        header holds the whole layout and a model with thousands of tensors makes it large.
+        """
         try:
-            header = pickle.loads(self._header_path.read_bytes())
+            st = self._header_path.stat()
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if self._cached is None or self._cached[0] != key:
+                header = pickle.loads(self._header_path.read_bytes())
+                self._cached = (key, header if isinstance(header, SlotHeader) else None)
         except (FileNotFoundError, EOFError, pickle.UnpicklingError):
             return None
-        return header if isinstance(header, SlotHeader) else None
+        return self._cached[1]
 
     def invalidate(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._header_path.unlink()
 
-    def buffer(self, nbytes: int) -> torch.Tensor:
-        """The slot's buffer, at least ``nbytes`` long (grown, and touched once, when it is smaller)."""
+    def buffer(self, nbytes: int, *, touch: bool = True) -> torch.Tensor:
+        """The slot's buffer, at least ``nbytes`` long (grown when it is smaller).
+
+        ``touch`` faults every page of a new buffer in at once, so the first snapshot's copy (the
+        part that stalls training) does not pay for it; a receive, which writes every byte off the
+        training path, skips it.
+        """
         if self._buf is None and self.path.exists():
             self._map(self.path.stat().st_size)
         if self._buf is None or self._buf.numel() < nbytes:
@@ -91,7 +105,8 @@ class Slot:
             with open(self.path, "wb") as f:
                 f.truncate(nbytes)
             self._map(nbytes)
-            self._buf.fill_(0)  # fault every page in now, not during the first snapshot's copy
+            if touch:
+                self._buf.fill_(0)
         return self._buf
 
     def commit(self, header: SlotHeader) -> None:

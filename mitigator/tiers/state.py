@@ -60,6 +60,16 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([s.clone() for s in state["cuda"]])
 
 
+def _clone(state: Any) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, dict):
+        return type(state)((k, _clone(v)) for k, v in state.items())
+    if isinstance(state, list | tuple):
+        return type(state)(_clone(v) for v in state)
+    return state
+
+
 class TrainState:
     """Capture and apply one rank's training state as a nested dict of tensors."""
 
@@ -74,6 +84,14 @@ class TrainState:
         if self.dataloader is not None:
             local["loader"] = self.dataloader.state_dict()
         return {"model": model_sd, "optim": optim_sd, "local": local}
+
+    def apply_view(self, state: dict[str, Any]) -> None:
+        """:meth:`apply` a state whose tensors view a buffer that will be reused (a memory snapshot).
+
+        The model's load copies into its parameters; an optimizer keeps the tensors it is given,
+        so its part is copied first, or the next snapshot would overwrite its momentum.
+        """
+        self.apply({**state, "optim": _clone(state["optim"])})
 
     def apply(self, state: dict[str, Any]) -> None:
         """Load ``state`` (from :meth:`capture`, a memory snapshot or DCP) into every part."""

@@ -40,8 +40,8 @@ class Transport(Protocol):
         """Start sending ``tensor`` to rank ``dst``; the returned handle's ``wait`` blocks until sent."""
         ...
 
-    def recv(self, tensor: torch.Tensor, src: int) -> None:
-        """Receive from rank ``src`` into ``tensor`` (blocking)."""
+    def recv(self, tensor: torch.Tensor, src: int) -> Pending:
+        """Start receiving from rank ``src`` into ``tensor``; ``wait`` blocks until it has arrived."""
         ...
 
 
@@ -54,8 +54,8 @@ class ProcessGroupTransport:
     def send(self, tensor: torch.Tensor, dst: int) -> Pending:
         return dist.isend(tensor, dst, group=self.group)
 
-    def recv(self, tensor: torch.Tensor, src: int) -> None:
-        dist.recv(tensor, src, group=self.group)
+    def recv(self, tensor: torch.Tensor, src: int) -> Pending:
+        return dist.irecv(tensor, src, group=self.group)
 
 
 def send_snapshot(t: Transport, dst: int, header: SlotHeader, buf: torch.Tensor) -> list[Pending]:
@@ -74,22 +74,25 @@ def recv_snapshot(t: Transport, src: int, slot: Slot) -> SlotHeader:
     """Receive a stream from ``src`` into ``slot`` and check it; the caller commits the header.
 
     Raises :class:`CorruptStream` after reading the whole stream if any chunk failed its check.
+    Every chunk's receive is posted at once, so a chunk's CRC is computed while the next ones land.
     """
     head = torch.zeros(5, dtype=torch.int64)
-    t.recv(head, src)
+    t.recv(head, src).wait()
     step, nbytes, shard, layout_len, world = (int(x) for x in head)
     raw = torch.empty(layout_len, dtype=torch.uint8)
-    t.recv(raw, src)
+    t.recv(raw, src).wait()
     layout = Layout.from_bytes(raw.numpy().tobytes())
-    buf = slot.buffer(nbytes)
+    buf = slot.buffer(nbytes, touch=False)  # every byte is about to be written
     data = buf.numpy()
+    spans = chunks(nbytes)
+    frames = torch.zeros(len(spans), 3, dtype=torch.int64)
+    posted = [(t.recv(frames[i], src), t.recv(buf[a:b], src)) for i, (a, b) in enumerate(spans)]
     crcs, bad = [], []
-    frame = torch.zeros(3, dtype=torch.int64)
-    for i, (a, b) in enumerate(chunks(nbytes)):
-        t.recv(frame, src)
-        t.recv(buf[a:b], src)
+    for i, ((a, b), (frame_done, chunk_done)) in enumerate(zip(spans, posted, strict=True)):
+        frame_done.wait()
+        chunk_done.wait()
         got = crc32c.crc32c(data[a:b], gil_release_mode=1)
-        if int(frame[0]) != step or int(frame[1]) != i or int(frame[2]) != got:
+        if int(frames[i, 0]) != step or int(frames[i, 1]) != i or int(frames[i, 2]) != got:
             bad.append(i)
         crcs.append(got)
     if bad:
