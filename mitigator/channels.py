@@ -39,9 +39,11 @@ __all__ = [
     "TopicChannel",
     "CHANNELS",
     "write_json_atomic",
+    "FAILED_ACK",
 ]
 
 CommandKind = Literal["checkpoint", "leave"]
+FAILED_ACK = "failed"  # an ack detail that starts with it: the job could not save its state
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +69,7 @@ class CommandInbox(Protocol):
         ...
 
     def ack(self, command: Command, detail: str) -> None:
-        """Tell the mitigator the command is done (its snapshot is durable)."""
+        """Tell the mitigator how the command ended: its state is safe, or ``FAILED_ACK: why``."""
         ...
 
 

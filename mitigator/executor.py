@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ingest.contract import MitigationEvent
 from ingest.stream import now_ms
 from mitigator.audit import AuditLog
-from mitigator.channels import AckWaiter, Command, CommandChannel
+from mitigator.channels import FAILED_ACK, AckWaiter, Command, CommandChannel
 from mitigator.plan import Action, Plan
 from mitigator.schedulers import NoScheduler, SchedulerAdapter
 
@@ -121,6 +121,8 @@ class Executor:
                 ack = self.acks.wait(cmd, self.ack_timeout_s)
                 if ack is None:
                     raise TimeoutError(f"no ack from job {action.job} within {self.ack_timeout_s:.0f}s")
+                if ack.startswith(FAILED_ACK):  # the job could not save its state: do not drain under it
+                    raise RuntimeError(f"job {action.job}: {ack}")
                 return ack
             return ""
         return ""  # pin / unpin: the audit record is the effect

@@ -59,7 +59,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from mitigator.channels import Command, CommandInbox
+from mitigator.channels import FAILED_ACK, Command, CommandInbox
 from mitigator.jobs import write_job_status
 from mitigator.plan import JobView
 from mitigator.tiers.durable import DurableTier, latest_complete_snapshot
@@ -292,10 +292,11 @@ class TrainingHook:
                 return
         periodic = self.durable_every > 0 and step % self.durable_every == 0
         if commands or periodic:
-            self._durable_commands += commands
-            self.durable.start(step, self.state.capture())
-        if leaving:
             self._finish_durable()
+            self._durable_commands += commands
+            if not self.durable.start(step, self.state.capture()):
+                self._ack_durable(None)
+        if leaving and self._finish_durable() is not None:  # never leave without the state saved
             self._exit_for_rescale(self.node in leaving)
 
     def close(self) -> None:
@@ -358,20 +359,26 @@ class TrainingHook:
         self._last_ckpt_ms = int(self.clock() * 1000)
         self._publish_status()
 
-    def _finish_durable(self) -> None:
-        started = self.clock()
+    def _finish_durable(self) -> int | None:
+        """Complete the durable save in flight (collective); its step, or None (none, or it failed)."""
+        if self.durable.in_flight_step is None:
+            return None
         step = self.durable.finish()
-        if step is None:
-            return
-        self.last_snapshot_step = max(step, self.last_snapshot_step or 0)
-        self._last_ckpt_ms = int(self.clock() * 1000)
-        self._ckpt_s = self.durable.last_seconds
-        if self._rank == 0:
+        if step is not None:
+            self.last_snapshot_step = max(step, self.last_snapshot_step or 0)
+            self._last_ckpt_ms = int(self.clock() * 1000)
+            self._ckpt_s = self.durable.last_seconds
             self._publish_status()
+        self._ack_durable(step)
+        return step
+
+    def _ack_durable(self, step: int | None) -> None:
+        """Tell the mitigator how the commands waiting on the durable save ended (rank 0)."""
+        if self._rank == 0:
             for c in self._durable_commands:
-                self.inbox.ack(c, f"snapshot durable at step {step} ({self._ckpt_s:.2f}s)")
+                self.inbox.ack(c, f"snapshot durable at step {step} ({self._ckpt_s:.2f}s)" if step is not None
+                               else f"{FAILED_ACK}: snapshot not saved ({self.durable.last_error})")
         self._durable_commands = []
-        log.debug("durable snapshot of step %d marked complete in %.2fs", step, self.clock() - started)
 
     def _exit_for_rescale(self, i_leave: bool) -> None:
         if i_leave:

@@ -123,3 +123,26 @@ def test_importing_the_hook_loads_no_cluster_side_service():
             "'mitigator.service', 'mitigator.engine', 'mitigator.executor', 'mitigator.schedulers'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_a_snapshot_folder_that_cannot_be_written_warns_counts_acks_the_failure_and_training_goes_on(
+        tmp_path, process_group):
+    ckpt = tmp_path / "ckpt"
+    model, optimizer, hook = make(tmp_path, seed=0, durable_every=2)
+    hook.resume()
+    train(model, optimizer, hook, range(0, 2))  # step 2 saved while the folder is writable
+    hook.close()
+    assert latest_complete_snapshot(ckpt)[0] == 2
+    for step in (3, 4, 6):  # a file where each snapshot folder must go: writes fail, for root too
+        (ckpt / f"step-{step:08d}").write_text("in the way")
+    cmd = Command("migrate:nodeA:job1:9", "job1", "leave", "nodeA", 9)
+    FileChannel(tmp_path / "control").send(cmd)
+    left: list[int] = []
+    hook.leave = lambda: left.append(1)
+    train(model, optimizer, hook, range(2, 6))  # step 3: the command; steps 4 and 6: periodic
+    hook.close()
+    assert hook.durable.failures == 3 and hook.durable.last_error.startswith("rank 0: ")
+    assert left == []  # a node never leaves without its state saved
+    ack = json.loads((tmp_path / "control" / "job1" / "acks" / f"{cmd.action_id}.json").read_text())
+    assert ack["detail"].startswith("failed")
+    assert latest_complete_snapshot(ckpt)[0] == 2  # nothing partial was marked complete

@@ -272,3 +272,19 @@ def test_failed_migration_skips_the_drain_and_frees_the_spare(tmp_path):
     retry = feed(service, [risk("n1", 10 + i, 0.95) for i in range(2)])
     assert [(o.action.kind, o.status) for o in retry] == [("migrate", "succeeded"), ("drain", "succeeded")]
     assert retry[0].action.replacement == "spare0"
+
+
+class _FailedSnapshotAcks:
+    """The hook's answer when its state could not be saved (see TrainingHook's durable failures)."""
+
+    def wait(self, command, timeout_s):
+        return "failed: snapshot not saved (rank 0: OSError: [Errno 28] No space left on device)"
+
+
+def test_a_job_that_could_not_save_its_state_is_not_drained_under(tmp_path):
+    service, _, sched = rig(tmp_path, [job("llm", ["n1", "n2", "n3", "n4"])])
+    service.executor.acks = _FailedSnapshotAcks()
+    outcomes = feed(service, [risk("n1", i, p) for i, p in enumerate([0.5, 0.9, 0.95])])
+    assert [(o.action.kind, o.status) for o in outcomes] == [("migrate", "failed"), ("drain", "skipped")]
+    assert "No space left" in outcomes[0].detail
+    assert sched.calls == []
