@@ -21,7 +21,7 @@ fraction of the job's GPU time lost to checkpoints, recomputation, restarts and 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -32,6 +32,7 @@ __all__ = [
     "daly_interval_seconds",
     "ettr_periodic",
     "ettr_with_prediction",
+    "ettr_with_warnings",
     "mitigation_success_probability",
     "expected_crash_loss_gpu_seconds",
     "mitigation_cost_gpu_seconds",
@@ -153,13 +154,25 @@ def ettr_with_prediction(
     are rare (their cost is a fraction of wall time), and ignores that a proactive checkpoint
     also resets the periodic schedule (a small gain).
     """
+    return ettr_with_warnings(lambda mtbf: ettr_periodic(interval_s, checkpoint_s, restart_s, mtbf),
+                              checkpoint_s + migration_s, mtbf_s, recall=recall, lead_time_s=lead_time_s,
+                              false_alarms_per_day=false_alarms_per_day)
+
+
+def ettr_with_warnings(ettr_of: Callable[[float], float], mitigate_s: float, mtbf_s: float, *,
+                       recall: float, lead_time_s: float | Sequence[float] | np.ndarray,
+                       false_alarms_per_day: float) -> float:
+    """First-order ETTR of any job model with warnings: ``ettr_of(mtbf)`` for the failures left.
+
+    Failures warned at least ``mitigate_s`` ahead are avoided at that cost, the rest crash the job
+    at the residual rate, and each false alarm costs ``mitigate_s`` too.
+    """
     if not 0.0 <= recall <= 1.0:
         raise ValueError("recall must be in [0, 1]")
-    mitigate_s = checkpoint_s + migration_s
     rate = 0.0 if math.isinf(mtbf_s) else 1.0 / mtbf_s
     avoided = rate * recall * mitigation_success_probability(lead_time_s, mitigate_s)
     residual = rate - avoided
-    base = ettr_periodic(interval_s, checkpoint_s, restart_s, math.inf if residual <= 0 else 1.0 / residual)
+    base = ettr_of(math.inf if residual <= 0 else 1.0 / residual)
     overhead = (avoided + false_alarms_per_day / SECONDS_PER_DAY) * mitigate_s
     return max(0.0, base * (1.0 - overhead))
 

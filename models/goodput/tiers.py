@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.goodput.traces import FailureTrace
-from models.reliability import SECONDS_PER_DAY, daly_interval_seconds, mitigation_success_probability
+from models.reliability import daly_interval_seconds, ettr_with_warnings
 
 __all__ = [
     "MAX_DURABLE_EVERY",
@@ -200,10 +200,6 @@ def ettr_tiered_with_prediction(interval_s: float, durable_every: int, tiers: Ti
     cost; the rest go to :func:`ettr_tiered` at the residual rate; each false alarm costs the same
     snapshot and migration. Assumes a spare is always free and mitigations are rare.
     """
-    mitigate_s = tiers.snapshot_s + migration_s
-    rate = 0.0 if math.isinf(mtbf_s) else 1.0 / mtbf_s
-    avoided = rate * recall * mitigation_success_probability(lead_time_s, mitigate_s)
-    residual = rate - avoided
-    base = ettr_tiered(interval_s, durable_every, tiers, math.inf if residual <= 0 else 1.0 / residual)
-    overhead = (avoided + false_alarms_per_day / SECONDS_PER_DAY) * mitigate_s
-    return max(0.0, base * (1.0 - overhead))
+    return ettr_with_warnings(lambda mtbf: ettr_tiered(interval_s, durable_every, tiers, mtbf),
+                              tiers.snapshot_s + migration_s, mtbf_s, recall=recall, lead_time_s=lead_time_s,
+                              false_alarms_per_day=false_alarms_per_day)
