@@ -175,15 +175,7 @@ class TrainingHook:
         self.stall_s: list[float] = []  # every memory snapshot's stall, for the drill and benchmarks
         self.restored: dict[str, Any] = {}
         self.replicator: PeerReplicator | None = None
-        store = store_from_env("foreshock-heartbeat") if heartbeat_timeout_s else None
-        def lost(reason: str) -> None:
-            if on_peer_lost is not None:
-                on_peer_lost(reason)
-            exit_lost(reason)
-
-        self.heartbeat = None if store is None else Heartbeat(
-            store, self._rank, self._world, interval_s=min(1.0, heartbeat_timeout_s / 5),
-            timeout_s=heartbeat_timeout_s, on_lost=lost)
+        self.heartbeat = self._start_heartbeat(heartbeat_timeout_s, on_peer_lost)
         if memory_every:
             local = int(os.environ.get("LOCAL_RANK", "0"))
             root = Path(memory_dir or _default_memory_dir(job)) / f"local-{local}"
@@ -200,6 +192,21 @@ class TrainingHook:
             optimizer.register_step_pre_hook(lambda *_: self._finish_copy())
             if any(True for _ in model.buffers()):
                 model.register_forward_pre_hook(lambda *_: self._finish_copy())
+
+    def _start_heartbeat(self, timeout_s: float | None,
+                         on_peer_lost: Callable[[str], None] | None) -> Heartbeat | None:
+        """Under torchrun (whose store the workers share), beat and watch the other ranks."""
+        store = store_from_env("foreshock-heartbeat") if timeout_s else None
+        if store is None:
+            return None
+
+        def lost(reason: str) -> None:
+            if on_peer_lost is not None:
+                on_peer_lost(reason)
+            exit_lost(reason)
+
+        return Heartbeat(store, self._rank, self._world, interval_s=min(1.0, timeout_s / 5),
+                         timeout_s=timeout_s, on_lost=lost)
 
     # -- start ---------------------------------------------------------------------------------
     def resume(self) -> int:
