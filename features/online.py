@@ -16,13 +16,16 @@ most the tolerance), its row for a node equals the batch engine's row at that ti
 Node events bring no statistics, only where a node's windows start (its last return to service,
 :mod:`features.returns`): reads cut the windows, so a return event may arrive late and still
 count, and the batch row stays the same as long as the event has arrived by the read.
+
+Any ts the contract accepts (0 to 2^53 ms) works, and so does a stream that jumps ahead by more
+than the rings hold: see :class:`_Buckets` and :meth:`OnlineFeatureEngine._advance`.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -39,11 +42,76 @@ from features.spec import FeatureSet, Stat
 __all__ = ["OnlineFeatureEngine"]
 
 _FORMAT: Final = "foreshock-online-features/2"
+_KEY_BUCKETS: Final = 1 << 32
+"""Consecutive bucket numbers one :class:`~features.buckets.PartialBuckets` can tell apart: it keys
+a bucket by ``node * 2**32 + bucket`` (``features.buckets._KEY_SHIFT``)."""
 
 
 def _joined(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
     """Column chunks of one kind as one set of columns (None for no chunk)."""
     return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]} if chunks else None
+
+
+class _Buckets:
+    """A :class:`~features.buckets.PartialBuckets` that numbers buckets from ``origin``, not the epoch.
+
+    Why: numbered from the epoch, a bucket number reaches 2^32 at 2^32 buckets (with one-minute
+    buckets at ts 257,698,037,760,000, below the contract's 2^53) and then runs into the next
+    node's keys: ``features_at`` read another node's statistics or indexed past the last node.
+    Numbered from an origin at or below each record it is given, it holds 2^32 consecutive
+    buckets wherever they lie (:meth:`holds`). Bucket numbers and the statistics that are times
+    (``last_ts``) are moved by the origin on the way in and out; every one is an integer below
+    2^53, so the statistics are bit for bit those of an epoch-numbered fold. The engine uses
+    origin 0 (nothing moved, nothing copied) whenever that holds its records: every timestamp
+    before the year 10136 with one-minute buckets.
+    """
+
+    def __init__(self, fs: FeatureSet, carry: Carry, origin: int):
+        self.origin = origin
+        self._b = fs.bucket_ms
+        self._origin_ms = origin * fs.bucket_ms
+        self._times = [j for j, s in enumerate(fs.stats) if s.kind == "last_ts"]
+        self._partial = PartialBuckets(fs, carry)
+
+    def _in(self, cols: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+        if cols is None or not self._origin_ms:
+            return cols
+        return {**cols, "ts": cols["ts"] - self._origin_ms}
+
+    def holds(self, *cols: dict[str, np.ndarray] | None) -> bool:
+        """Whether every record of ``cols`` lies in the 2^32 buckets from the origin."""
+        return all(
+            c is None or not len(c["ts"])
+            or (int(c["ts"].min()) >= self._origin_ms and int(c["ts"].max()) // self._b - self.origin
+                < _KEY_BUCKETS)
+            for c in cols
+        )
+
+    def follows(self, *cols: dict[str, np.ndarray] | None) -> bool:
+        return self._partial.follows(*(self._in(c) for c in cols))
+
+    def fold(self, *cols: dict[str, np.ndarray] | None) -> None:
+        """Fold records in; they must :meth:`holds` (and :meth:`follows` after the first fold)."""
+        self._partial.fold(*(self._in(c) for c in cols))
+
+    def drop_before(self, bucket: int) -> None:
+        self._partial.drop_before(bucket - self.origin)
+
+    @property
+    def table(self) -> BucketTable:
+        """The statistics, with epoch bucket numbers and epoch times."""
+        t = self._partial.table
+        if not self.origin:
+            return t
+        values = t.values
+        if self._times and len(values):
+            values = values.copy()
+            values[:, self._times] += self._origin_ms  # -inf (no Xid) stays -inf
+        return BucketTable(t.node, t.bucket + self.origin, values)
+
+    @property
+    def nbytes(self) -> int:
+        return self._partial.nbytes
 
 
 class OnlineFeatureEngine:
@@ -62,6 +130,8 @@ class OnlineFeatureEngine:
     ):
         if tolerance_ms < 0 or history_ms < 0:
             raise ValueError("tolerance_ms and history_ms must be >= 0")
+        if tolerance_ms // feature_set.bucket_ms + 2 >= _KEY_BUCKETS:  # the open buckets span it
+            raise ValueError("tolerance_ms must span fewer than 2^32 - 2 buckets")
         self.feature_set = feature_set
         self.tolerance_ms = tolerance_ms
         self.history_ms = history_ms
@@ -73,7 +143,7 @@ class OnlineFeatureEngine:
         self._watermark = -1
         self._pending: dict[str, list[dict[str, np.ndarray]]] = {k: [] for k in KINDS}
         # statistics of the open buckets, from the first read on: see _open_buckets
-        self._open: PartialBuckets | None = None
+        self._open: _Buckets | None = None
         stats = feature_set.stats
         hist = -(-history_ms // feature_set.bucket_ms)
         lengths = {s: w + hist for s, w in feature_set.stat_windows().items()}
@@ -113,9 +183,9 @@ class OnlineFeatureEngine:
         added = {kind: self._add(kind, frame) for kind, frame in frames.items() if kind != EVENTS}
         if self._open is not None:
             fresh = [added.get(kind) for kind in KINDS]
-            if self._open.follows(*fresh):
+            if self._open.holds(*fresh) and self._open.follows(*fresh):
                 self._open.fold(*fresh)
-            else:  # folding them would be inexact: fold every pending record at the next read
+            else:  # inexact, or too far ahead of the origin: fold every pending record at the next read
                 self._open = None
         if self._watermark >= 0:
             self._advance((self._watermark - self.tolerance_ms) // self.feature_set.bucket_ms)
@@ -176,7 +246,7 @@ class OnlineFeatureEngine:
             self._pending[kind] = rest
         return out
 
-    def _open_buckets(self) -> PartialBuckets:
+    def _open_buckets(self) -> _Buckets:
         """Statistics of the open buckets (the frontier's and after), current with every pending
         record.
 
@@ -186,12 +256,41 @@ class OnlineFeatureEngine:
         :mod:`features.buckets`). A node's records normally arrive in order; an update with one
         that does not (older than a record of its node already folded, or a duplicate of one)
         discards them instead, and the next read folds every pending record at once. A consumer
-        that never reads does not pay for them.
+        that never reads does not pay for them. They are numbered from 0 while the newest record
+        allows, else from the frontier, at or below every pending record (pending records span the
+        tolerance, fewer than 2^32 buckets); see :class:`_Buckets`.
         """
         if self._open is None:
-            self._open = PartialBuckets(self.feature_set, copy.deepcopy(self._carry))
+            assert self._frontier is not None
+            fits = self._watermark // self.feature_set.bucket_ms < _KEY_BUCKETS
+            self._open = _Buckets(self.feature_set, copy.deepcopy(self._carry), 0 if fits else self._frontier)
             self._open.fold(*(_joined(self._pending[kind]) for kind in KINDS))
         return self._open
+
+    def _finalised(self, due: dict[str, dict[str, np.ndarray] | None], target: int) -> Iterator[BucketTable]:
+        """Bucket tables of the records ``due`` (buckets from the frontier to ``target``), in time
+        order: one table, numbered from 0 when that holds them, else from the frontier, and one per
+        2^32 buckets (:class:`_Buckets`) when the stream jumped that far. Each continues the
+        counter carry from the one before, as one fold would."""
+        assert self._frontier is not None
+        b, start = self.feature_set.bucket_ms, self._frontier
+        spans: list[tuple[int, dict[str, dict[str, np.ndarray] | None]]]
+        if target <= _KEY_BUCKETS:
+            spans = [(0, due)]
+        elif target - start <= _KEY_BUCKETS:
+            spans = [(start, due)]
+        else:
+            span_of = {k: (c["ts"] // b - start) // _KEY_BUCKETS for k, c in due.items() if c is not None}
+            spans = [
+                (start + int(n) * _KEY_BUCKETS,
+                 {k: None if c is None else {f: v[span_of[k] == n] for f, v in c.items()}
+                  for k, c in due.items()})
+                for n in np.unique(np.concatenate([np.empty(0, np.int64), *span_of.values()]))
+            ]
+        for origin, cols in spans:
+            part = _Buckets(self.feature_set, self._carry, origin)
+            part.fold(cols["gpu"], cols["xid"], cols["link"])
+            yield part.table
 
     def _advance(self, target: int) -> None:
         """Finalise every bucket before ``target``."""
@@ -203,16 +302,25 @@ class OnlineFeatureEngine:
         if self._open is not None:
             self._open.drop_before(target)
         due = self._take_pending(target)
-        table = bucketize(self.feature_set, due["gpu"], due["xid"], due["link"], self._carry)
+        tables = list(self._finalised(due, target))
         for r, ring in self._rings.items():
             if target - self._frontier >= r:
                 ring[:] = self._fill[r]
             else:
                 ring[:, :, np.arange(self._frontier, target) % r] = self._fill[r]
         stats = self.feature_set.stats
-        for j, s in enumerate(stats):
-            r, i = self._ring_of[s]
-            self._rings[r][i, table.node, table.bucket % r] = table.values[:, j]
+        jumped = target - self._frontier
+        for table in tables:
+            # After a jump longer than a ring, only its last r buckets belong in it: an older one
+            # would land in the slot of a newer bucket and be read as that one.
+            held = {r: table.bucket >= target - r for r in self._rings if jumped > r}
+            for j, s in enumerate(stats):
+                r, i = self._ring_of[s]
+                if r in held:
+                    keep = held[r]
+                    self._rings[r][i, table.node[keep], table.bucket[keep] % r] = table.values[keep, j]
+                else:
+                    self._rings[r][i, table.node, table.bucket % r] = table.values[:, j]
         self._frontier = target
         # a return no later than the oldest bucket any ring holds can no longer cut a window
         node, ts = self._returns

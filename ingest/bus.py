@@ -27,13 +27,14 @@ it returns any record, so a stateful consumer can restore state and ``seek`` (Ka
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One message as consumed: where it sits in the log and its raw bytes."""
+    """One message as consumed: where it sits in the log and its raw bytes (None: a tombstone,
+    which any Kafka producer may write; :func:`ingest.contract.decode` refuses it)."""
 
     topic: str
     partition: int
     offset: int
     key: str | None
-    value: bytes
+    value: bytes | None
 
 
 class Consumer(Protocol):

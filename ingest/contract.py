@@ -12,12 +12,14 @@ are integer epoch milliseconds, UTC. GPU field names are DCGM's (``DCGM_FI_DEV_G
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
 __all__ = [
     "SCHEMA_VERSION",
+    "MAX_EPOCH_MS",
     "Topic",
     "TELEMETRY_TOPICS",
     "GpuSample",
@@ -31,6 +33,8 @@ __all__ = [
     "RiskScore",
     "MitigationEvent",
     "DeadLetter",
+    "DEAD_LETTER_MAX_VALUE",
+    "DEAD_LETTER_MAX_TEXT",
     "Record",
     "RecordError",
     "RECORD_TYPES",
@@ -38,6 +42,7 @@ __all__ = [
     "LINK_COUNTERS",
     "encode",
     "decode",
+    "TOMBSTONE_REASON",
     "topic_of",
 ]
 
@@ -60,8 +65,11 @@ class Topic:
 
 TELEMETRY_TOPICS: Final = (Topic.GPU, Topic.XID, Topic.LINK, Topic.NODE_EVENTS)
 
+MAX_EPOCH_MS: Final = 2**53
+"""The latest timestamp a record may carry (the largest integer a float64 holds exactly)."""
+
 Version = Literal[1]
-EpochMs = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+EpochMs = Annotated[int, msgspec.Meta(ge=0, le=MAX_EPOCH_MS)]
 NodeId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -220,8 +228,20 @@ class MitigationEvent(_Record):
     attempt: int = 1
 
 
+DEAD_LETTER_MAX_VALUE: Final = 256 << 10
+"""Bytes of a bad message's value that its dead letter carries at most (:meth:`DeadLetter.of`)."""
+DEAD_LETTER_MAX_TEXT: Final = 4096
+"""Characters of a bad message's key, and of the reason, that its dead letter carries at most."""
+
+
 class DeadLetter(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A message that could not be decoded: its original bytes, where it came from, and why."""
+    """A message that could not be decoded: its original bytes, where it came from, and why.
+
+    ``value`` is None for a tombstone (a Kafka message without a value). Build one with
+    :meth:`of`: it bounds the letter's size, so a dead letter always fits where the bad message
+    did not have to. ``size`` and ``sha256`` describe the whole original value even when
+    ``truncated`` says that ``value`` holds only its first :data:`DEAD_LETTER_MAX_VALUE` bytes.
+    """
 
     v: Version = SCHEMA_VERSION
     ts: EpochMs
@@ -230,7 +250,33 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     offset: int | None
     key: str | None
     reason: str
-    value: bytes  # JSON encodes bytes as base64
+    value: bytes | None  # JSON encodes bytes as base64
+    size: int | None = None  # bytes of the original value
+    sha256: str | None = None  # hex digest of the original value
+    truncated: bool = False  # value holds only the original's first DEAD_LETTER_MAX_VALUE bytes
+
+    @classmethod
+    def of(cls, *, ts: int, topic: str, partition: int | None, offset: int | None, key: str | None,
+           reason: str, value: bytes | None) -> DeadLetter:
+        """The dead letter of one message: under half a MiB of JSON, however large the message.
+
+        Why bounded: the broker may accept a message (10 MiB here) that the dead letter, base64
+        and all, would not fit into (the producer's 8 MiB ``max_request_size``, 1 MiB by Kafka's
+        default); a letter that cannot be sent would stop the consumer on the message it was
+        meant to set aside. The head of a bad value shows what went wrong; the size and hash
+        identify the whole. Key and reason are clipped too (a foreign producer chooses the key,
+        and a reason may quote it).
+        """
+        size = digest = None
+        truncated = False
+        if value is not None:
+            size, digest = len(value), hashlib.sha256(value).hexdigest()
+            truncated = size > DEAD_LETTER_MAX_VALUE
+            value = bytes(value[:DEAD_LETTER_MAX_VALUE])
+        return cls(ts=ts, topic=topic[:DEAD_LETTER_MAX_TEXT], partition=partition, offset=offset,
+                   key=None if key is None else key[:DEAD_LETTER_MAX_TEXT],
+                   reason=reason[:DEAD_LETTER_MAX_TEXT], value=value, size=size, sha256=digest,
+                   truncated=truncated)
 
 
 Record = GpuSample | XidEvent | LinkSample | NodeEvent | RiskScore | MitigationEvent
@@ -288,15 +334,28 @@ def encode(records: Any) -> bytes:
     return _encoder.encode(records)
 
 
-def decode(topic: str, data: bytes) -> list[Any]:
+TOMBSTONE_REASON: Final = "tombstone: the message has no value (null), and the contract defines no deletion"
+
+
+def decode(topic: str, data: bytes | None) -> list[Any]:
     """Decode and validate a message of ``topic``; always returns a list of records.
 
-    Raises :class:`RecordError` with a reason such as ``Expected `int` >= 0 - at `$.ts```.
+    Raises :class:`RecordError` with a reason such as ``Expected `int` >= 0 - at `$.ts```, and
+    nothing else, whatever the bytes.
+
+    ``data=None`` is a Kafka tombstone (a message without a value). Any producer may write one,
+    so it must not kill a consumer, but it is bad input here, not a message to skip: our topics
+    are not compacted and no record type means "forget this node", so a tombstone says that
+    some producer is misconfigured. It raises :class:`RecordError` like any invalid message,
+    so every consumer dead-letters it with this reason and commits past it (the contract's
+    rule: a bad record is never silently dropped).
     """
     try:
         decoder = _decoders[topic]
     except KeyError:
         raise RecordError(topic, f"unknown topic {topic!r}") from None
+    if data is None:
+        raise RecordError(topic, TOMBSTONE_REASON)
     try:
         out = decoder.decode(data)
     except msgspec.ValidationError as exc:

@@ -124,8 +124,12 @@ class KafkaConsumerMember:
         self._resume_stalled_join()
         out: list[Message] = []
         for tp, records in batches.items():
+            # A key that is not UTF-8 (a foreign producer's) must not raise here, where no dead
+            # letter can be sent: its undecodable bytes read as U+FFFD and the message meets the
+            # usual checks (RecordStream dead-letters a record whose node differs from the key).
             out.extend(
-                Message(tp.topic, tp.partition, r.offset, r.key.decode() if r.key else None, r.value)
+                Message(tp.topic, tp.partition, r.offset,
+                        r.key.decode(errors="replace") if r.key else None, r.value)
                 for r in records
             )
         with self._handover:

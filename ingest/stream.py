@@ -3,7 +3,10 @@
 :func:`publish` groups records by topic and node into one message each (a scrape of eight
 GPUs is one Kafka record). :class:`RecordStream` decodes what a consumer polls and sends what
 does not decode to ``telemetry.deadletter`` with the original bytes, the topic, partition and
-offset and the reason, so a bad record neither kills the consumer nor silently disappears.
+offset and the reason, so a bad record neither kills the consumer nor silently disappears. That
+covers every message a foreign producer can write: a tombstone (no value) and a value too large
+to carry whole in its dead letter (which then holds its head, its size and its hash) included.
+The risk service and the mitigation service consume through it, so neither needs a case of its own.
 """
 
 from __future__ import annotations
@@ -75,9 +78,10 @@ class RecordStream:
         return out
 
     def _dead_letter(self, m: Message, reason: str) -> None:
-        letter = DeadLetter(ts=self.clock(), topic=m.topic, partition=m.partition, offset=m.offset,
-                            key=m.key, reason=reason, value=m.value)
-        self.bus.send(Topic.DEADLETTER, m.key or "", encode(letter))
+        """Send the (size-bounded, :meth:`DeadLetter.of`) letter of ``m``, keyed like ``m``."""
+        letter = DeadLetter.of(ts=self.clock(), topic=m.topic, partition=m.partition, offset=m.offset,
+                               key=m.key, reason=reason, value=m.value)
+        self.bus.send(Topic.DEADLETTER, letter.key or "", encode(letter))
         self.dead_letters += 1
 
     def commit(self, decoded: Sequence[Decoded]) -> None:

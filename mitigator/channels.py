@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from ingest.bus import Bus
-from ingest.contract import MitigationEvent, Topic, decode
-from ingest.stream import now_ms, publish
+from ingest.contract import MitigationEvent, Topic
+from ingest.stream import RecordStream, now_ms, publish
 
 __all__ = [
     "Command",
@@ -185,11 +185,11 @@ class TopicChannel:
         self._publish(command, command.issued_ms, "started", f"command {command.kind}")
 
     def _drain(self, timeout_s: float) -> None:
-        if self._consumer is None:
-            self._consumer = self.bus.consumer(self._group, [Topic.MITIGATION])
+        if self._consumer is None:  # through RecordStream: a bad message is dead-lettered, not raised
+            self._consumer = RecordStream(self.bus, self.bus.consumer(self._group, [Topic.MITIGATION]))
         messages = self._consumer.poll(timeout_s)
         for m in messages:
-            for e in decode(Topic.MITIGATION, m.value):
+            for e in m.records:
                 if e.ts < self.since_ms or e.job is None or e.dry_run:
                     continue
                 if e.status == "started" and e.action in _KIND_OF and e.action_id not in self._seen:

@@ -18,7 +18,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
-from ingest.contract import RecordError, RiskScore, Topic, decode
+from ingest.contract import MAX_EPOCH_MS, RecordError, RiskScore, Topic, decode
 from predictor.service import NotReady, RiskService
 
 __all__ = ["create_app"]
@@ -169,6 +169,8 @@ def create_app(service: RiskService, *, token: str | None, title: str = "Foresho
     def score(req: ScoreRequest) -> Response:
         if (req.rows is None) == (req.telemetry is None):
             raise HTTPException(400, "give exactly one of 'rows' or 'telemetry'")
+        if req.at is not None and not 0 <= req.at <= MAX_EPOCH_MS:  # the records' own range
+            raise HTTPException(400, f"'at' must be epoch ms from 0 to {MAX_EPOCH_MS}")
         try:
             if req.rows is not None:
                 if not req.rows:
