@@ -85,4 +85,7 @@ def test_a_node_lost_while_a_snapshot_is_written_never_marks_it_complete(drill):
     s = _scenario(drill, "during_snapshot")
     assert s["extra"]["snapshot_finished_before_failure"] is False  # the kill did land mid-write
     assert s["unfinished_snapshot_marked"] is False
-    assert s["restore_source"] in ("memory", "peer") and s["resumed_from"] >= 2 * DURABLE_EVERY
+    assert s["restore_source"] in ("memory", "peer")
+    # from memory, newer than the last complete durable snapshot (the kill may land before this
+    # step's memory copy is replicated, and then the job resumes a step or two earlier)
+    assert s["resumed_from"] > DURABLE_EVERY and s["steps_lost"] <= 2 * MEMORY_EVERY + 1, s
