@@ -11,6 +11,7 @@ starts reuse them. Needs Java 17+ and ``mvn`` on the PATH.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -21,6 +22,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+
+import psutil
 
 __all__ = ["KAFKA_VERSION", "cache_dir", "fetch_jars", "LocalKafka", "free_port"]
 
@@ -156,6 +159,39 @@ class LocalKafka:
         self.stop()
 
 
+STOP_GRACE_S = 15.0
+
+
+def stop_process_group(pgid: int, grace_s: float = STOP_GRACE_S) -> str:
+    """SIGTERM the broker's process group, wait until it is gone, SIGKILL it after ``grace_s``.
+
+    Returning only once the JVM has exited means a ``kafka-up`` right after finds the port free.
+    """
+    def alive() -> bool:  # a zombie holds no port: only running members count
+        for proc in psutil.process_iter(["status"]):
+            try:
+                if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    return True
+            except (ProcessLookupError, psutil.Error):
+                continue
+        return False
+
+    if not alive():
+        return "was not running"
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not alive():
+        return "exited on SIGTERM"
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    while alive():
+        time.sleep(0.05)
+    return f"killed after {grace_s:g} s"
+
+
 def _state_dir() -> Path:
     return cache_dir() / "kafka" / "local"
 
@@ -172,12 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     pid_file = state / "broker.pid"
     if args.action == "down":
         if pid_file.exists():
-            try:
-                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            how = stop_process_group(int(pid_file.read_text()))
             pid_file.unlink()
-            print("Kafka broker stopped")
+            print(f"Kafka broker stopped ({how})")
         else:
             print("no Kafka broker running")
         return 0
