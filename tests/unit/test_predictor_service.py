@@ -240,3 +240,15 @@ def test_the_nodes_out_of_service_survive_a_checkpoint():
     assert restored.away_at(t0) == {"n1", "n2"}
     # the return, read before the checkpoint, counts from its own time
     assert restored.away_at(t0 + 59_999) == {"n1", "n2"} and restored.away_at(t0 + 60_000) == {"n1"}
+
+
+def test_a_scoring_cycle_longer_than_ten_seconds_is_seen_as_such():
+    from prometheus_client import CollectorRegistry
+
+    from predictor.metrics import ServiceMetrics
+
+    m = ServiceMetrics(CollectorRegistry())
+    m.scoring.observe(42.0)
+    buckets = {s.labels["le"]: s.value for s in next(iter(m.scoring.collect())).samples
+               if s.name.endswith("_bucket")}
+    assert buckets["10.0"] == 0 and buckets["60.0"] == 1
