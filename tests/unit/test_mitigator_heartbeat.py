@@ -43,7 +43,7 @@ def test_a_rank_that_stops_beating_is_declared_lost_within_the_timeout_and_an_en
     assert got.wait(5)
     at, reason = lost[0]
     assert "rank 2 missed its heartbeats" in reason
-    assert 0.6 <= at - stopped < 2.0
+    assert 0.6 - 0.1 <= at - stopped < 3.0  # its last beat may have come up to one interval earlier
     watcher.close()
     del master
 
