@@ -23,18 +23,21 @@ import httpx
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from features import DEFAULT_FEATURE_SET
-from ingest.bus import InMemoryBus
 from ingest.contract import DEAD_LETTER_MAX_VALUE, TOMBSTONE_REASON, GpuSample, RiskScore, Topic, encode
 from ingest.kafka_bus import KafkaBus
 from ingest.kafka_local import free_port
 from ingest.simulator import stream
 from ingest.stream import now_ms, publish
-from predictor.engines import OnlineEngines
-from predictor.model_source import PathModelSource
-from predictor.service import RiskService, ServiceConfig
 from tests.fixtures.predictor import simulator
-from tests.integration.test_predictor_kafka import TOKEN, Serve, TopicReader, by_key, complete, wait_for
+from tests.integration.test_predictor_kafka import (
+    TOKEN,
+    Serve,
+    TopicReader,
+    by_key,
+    complete,
+    reference_scores,
+    wait_for,
+)
 from tests.unit.test_poison_records import oversize_invalid
 
 pytestmark = [
@@ -72,21 +75,6 @@ class FolderServe(Serve):
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=5)
 
 
-def reference_scores(sim, model_dir: Path) -> dict[tuple[str, int], float]:
-    """The scores of the same telemetry without the poison: the service in-process, in memory."""
-    memory = InMemoryBus(partitions=1)
-    stream(sim, memory)
-    ref = RiskService(memory, OnlineEngines(DEFAULT_FEATURE_SET), PathModelSource(model_dir),
-                      config=ServiceConfig(score_every_ms=PERIOD_MS)).start()
-    expected: list[RiskScore] = []
-    quiet = 0
-    while quiet < 2:
-        got = ref.run_once()
-        expected += got
-        quiet = 0 if got or ref.lag_records else quiet + 1
-    return by_key(expected)
-
-
 @pytest.fixture
 def procs():
     started: list[Serve] = []
@@ -98,7 +86,7 @@ def procs():
 def test_serve_dead_letters_foreign_poison_and_scores_as_without_it(kafka_bootstrap, risk_model_dir, procs,
                                                                     tmp_path):
     sim = simulator(minutes=SEGMENT_MIN)
-    expected = reference_scores(sim, risk_model_dir)
+    expected = reference_scores(sim, risk_model_dir, PERIOD_MS)
     letters, scores = TopicReader(kafka_bootstrap, Topic.DEADLETTER), TopicReader(kafka_bootstrap, Topic.RISK)
     letters_mark, scores_mark = letters.mark(), scores.mark()
     big = oversize_invalid("node0002")  # 7 MiB: its whole base64 dead letter would be 9.3 MiB

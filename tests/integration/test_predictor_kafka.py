@@ -164,18 +164,24 @@ def segment(kafka_bootstrap, risk_model_dir):
     bus = KafkaBus(kafka_bootstrap)
     stream(sim, bus)
     bus.close()
+    expected = reference_scores(sim, risk_model_dir, 5 * 60_000)
+    assert len({ts for _, ts in expected}) >= 10
+    return sim, expected
+
+
+def reference_scores(sim, model_dir: Path, period_ms: int) -> dict[tuple[str, int], float]:
+    """The scores an uninterrupted service gives the same telemetry: in-process, on the in-memory bus."""
     memory = InMemoryBus(partitions=1)
     stream(sim, memory)
-    ref = RiskService(memory, OnlineEngines(DEFAULT_FEATURE_SET), PathModelSource(risk_model_dir),
-                      config=ServiceConfig(score_every_ms=5 * 60_000)).start()
+    ref = RiskService(memory, OnlineEngines(DEFAULT_FEATURE_SET), PathModelSource(model_dir),
+                      config=ServiceConfig(score_every_ms=period_ms)).start()
     expected: list[RiskScore] = []
     quiet = 0
     while quiet < 2:
         got = ref.run_once()
         expected += got
         quiet = 0 if got or ref.lag_records else quiet + 1
-    assert len({s.ts for s in expected}) >= 10
-    return sim, by_key(expected)
+    return by_key(expected)
 
 
 @pytest.fixture
