@@ -220,8 +220,11 @@ class MitigationEvent(_Record):
     """One step of one mitigation action, for the audit trail. ``action_id`` makes it idempotent."""
 
     action_id: str
-    action: Literal["checkpoint", "drain", "undrain", "migrate", "pin", "unpin"]
-    status: Literal["planned", "started", "succeeded", "failed", "skipped"]
+    action: Literal["checkpoint", "drain", "undrain", "migrate", "pin", "unpin", "breaker", "record"]
+    status: Literal[
+        "planned", "started", "succeeded", "failed", "skipped",
+        "partial", "abandoned", "blocked", "rejected", "tripped", "reset",
+    ]
     job: str | None = None
     reason: str = ""
     dry_run: bool = False

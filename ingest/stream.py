@@ -67,17 +67,17 @@ class RecordStream:
             try:
                 records = decode(m.topic, m.value)
             except RecordError as exc:
-                self._dead_letter(m, exc.reason)
+                self.dead_letter(m, exc.reason)
                 records = []
             else:
                 if m.key is not None and any(r.node != m.key for r in records if hasattr(r, "node")):
-                    self._dead_letter(m, f"record node does not match message key {m.key!r}")
+                    self.dead_letter(m, f"record node does not match message key {m.key!r}")
                     records = []
             self.records += len(records)
             out.append(Decoded(m, records))
         return out
 
-    def _dead_letter(self, m: Message, reason: str) -> None:
+    def dead_letter(self, m: Message, reason: str) -> None:
         """Send the (size-bounded, :meth:`DeadLetter.of`) letter of ``m``, keyed like ``m``."""
         letter = DeadLetter.of(ts=self.clock(), topic=m.topic, partition=m.partition, offset=m.offset,
                                key=m.key, reason=reason, value=m.value)

@@ -2,23 +2,43 @@
 
 SQLite is the durable record (one row per status change, committed before the call returns) and
 the source of truth for idempotency: an action id that already *succeeded* is never executed again,
-even after a restart. The bus copy lets dashboards and other services follow along. ``started`` is
-kept in SQLite only: on the bus, a job-bound command's ``started`` record is the command itself
-(see :class:`mitigator.channels.TopicChannel`), so it is not published twice.
+even after a restart, and for the cold start (:mod:`mitigator.coldstart`). The bus copy lets
+dashboards and other services follow along. ``started`` is kept in SQLite only: on the bus, a
+job-bound command's ``started`` record is the command itself (see
+:class:`mitigator.channels.TopicChannel`), so it is not published twice.
+
+A log that cannot be opened or written raises :class:`AuditUnavailable` with one clear line: the
+mitigator then stops acting rather than act without a record (see :class:`mitigator.service`).
+An attempt that failed and will be retried says so in its reason (:data:`RETRYING`), so an action's
+last row tells whether it ended.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ingest.bus import Bus
 from ingest.contract import MitigationEvent
 from ingest.stream import now_ms, publish
 
-__all__ = ["AuditLog"]
+__all__ = ["AuditLog", "AuditUnavailable", "RETRYING", "OPEN_STATUSES", "is_open"]
+
+RETRYING = "; will retry"
+"""Ends the reason of a failed attempt that is not the last: the action is still open."""
+OPEN_STATUSES = frozenset({"planned", "started", "partial"})
+
+
+def is_open(last: MitigationEvent) -> bool:
+    """Whether an action whose newest row is ``last`` has not ended (a crash cut it off, or it retries)."""
+    return last.status in OPEN_STATUSES or (last.status == "failed" and RETRYING in last.reason)
+
+
+class AuditUnavailable(RuntimeError):
+    """The audit log cannot be opened or written (full disk, file size limit, read-only, missing)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS mitigation_events (
@@ -27,6 +47,7 @@ CREATE TABLE IF NOT EXISTS mitigation_events (
     status TEXT NOT NULL, job TEXT, reason TEXT NOT NULL, dry_run INTEGER NOT NULL, attempt INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS mitigation_events_action ON mitigation_events(action_id, status);
+CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, ts INTEGER NOT NULL);
 """
 
 
@@ -36,17 +57,21 @@ class AuditLog:
     def __init__(
         self, path: str | Path = ":memory:", bus: Bus | None = None, clock: Callable[[], int] = now_ms
     ):
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        if str(path) != ":memory:":
-            self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(_SCHEMA)
+        self.path = str(path)
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            if self.path != ":memory:":
+                self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise AuditUnavailable(f"cannot open the audit log {self.path}: {exc}") from None
         self._lock = threading.Lock()
         self.bus = bus
         self.clock = clock
 
     def record(self, event: MitigationEvent) -> None:
         """Make ``event`` durable (SQLite commit), then publish it unless it is a ``started`` record."""
-        with self._lock:
+        with self._lock, self._writing():
             self._db.execute(
                 "INSERT INTO mitigation_events"
                 " (ts, node, action_id, action, status, job, reason, dry_run, attempt)"
@@ -67,15 +92,30 @@ class AuditLog:
             publish(self.bus, [event])
             self.bus.flush()
 
+    def probe(self) -> None:
+        """Commit a write (raises :class:`AuditUnavailable`): can the log take the next record?"""
+        with self._lock, self._writing():
+            self._db.execute("INSERT OR REPLACE INTO probe (id, ts) VALUES (1, ?)", (self.clock(),))
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        try:
+            yield
+        except (sqlite3.Error, OSError) as exc:
+            raise AuditUnavailable(f"cannot write the audit log {self.path}: {exc}") from None
+
     def succeeded(self, action_id: str) -> bool:
-        """Whether this action id already completed (the idempotency check)."""
+        """Whether this action id already completed (the idempotency check; dry runs complete nothing)."""
+        return self.has(action_id, "succeeded", dry_run=False)
+
+    def has(self, action_id: str, status: str, dry_run: bool | None = None) -> bool:
+        """Whether the log holds a row of ``action_id`` with ``status`` (optionally: of this dry-run flag)."""
+        sql = "SELECT 1 FROM mitigation_events WHERE action_id=? AND status=?"
+        args: tuple = (action_id, status)
+        if dry_run is not None:
+            sql, args = sql + " AND dry_run=?", (*args, int(dry_run))
         with self._lock:
-            row = self._db.execute(
-                "SELECT 1 FROM mitigation_events WHERE action_id=? AND status='succeeded'"
-                " AND dry_run=0 LIMIT 1",
-                (action_id,),
-            ).fetchone()
-        return row is not None
+            return self._db.execute(sql + " LIMIT 1", args).fetchone() is not None
 
     def events(self, action_id: str | None = None) -> list[MitigationEvent]:
         """The trail, oldest first (optionally for one action id)."""

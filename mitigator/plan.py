@@ -12,9 +12,10 @@ from typing import Literal
 
 from mitigator.lifecycle import NodeState
 
-__all__ = ["ActionKind", "Action", "NodeView", "JobView", "Plan", "action_id"]
+__all__ = ["ActionKind", "Action", "NodeView", "JobView", "Block", "Rail", "Plan", "action_id"]
 
 ActionKind = Literal["checkpoint", "drain", "undrain", "migrate", "pin", "unpin"]
+Rail = Literal["breaker", "concurrency", "job_share", "no_spare"]
 
 
 def action_id(kind: ActionKind, node: str, job: str | None, trigger_ts: int) -> str:
@@ -53,6 +54,7 @@ class NodeView:
     trigger_ts: int = 0
     draining: bool = False
     pinned: bool = False
+    unmanageable: bool = False  # the scheduler does not know the node: never acted on again
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +77,23 @@ class JobView:
 
 
 @dataclass(frozen=True, slots=True)
+class Block:
+    """A drain the policy wanted and a safety rail refused: audited, logged and counted, never silent."""
+
+    rail: Rail
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
-    """A policy's answer for one node: its next view and the actions to take, in order."""
+    """A policy's answer for one node: its next view, the actions to take in order, what held it back.
+
+    ``rejected`` says why the record was not taken into the state at all (a time the mitigator
+    does not trust); ``blocked`` names the rail that held a wanted drain back.
+    """
 
     node: str
     view: NodeView
     actions: tuple[Action, ...] = ()
+    blocked: Block | None = None
+    rejected: str | None = None

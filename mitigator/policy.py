@@ -9,12 +9,15 @@ only after ``clear_after`` consecutive records below ``clear_below``. A mitigati
 plus a drain when every safety rail allows it, otherwise a checkpoint only:
 
 * circuit breaker: no new drain once ``breaker_share`` of the fleet was drained within
-  ``breaker_window_ms`` (fleet-wide events are rarely node faults);
+  ``breaker_window_ms`` of the mitigator's own clock (fleet-wide events are rarely node faults);
+  the engine latches it open from the first drain it refuses until an operator resets it;
 * at most ``max_concurrent_drains`` nodes draining or drained at once;
 * never more than ``max_job_share`` of a job's nodes (at least one) moved at once;
 * only onto a free spare (healthy, unpinned, in no job, not promised to another migration).
 
-Pinned nodes are never acted on. New policies register in :data:`POLICIES` by name.
+Pinned nodes, and nodes the scheduler does not know, are never acted on. A rail that holds a
+wanted drain back is named in the plan (:class:`~mitigator.plan.Block`), so it can be audited.
+New policies register in :data:`POLICIES` by name.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from ingest.contract import RiskScore
 from mitigator.lifecycle import NodeState
-from mitigator.plan import Action, JobView, NodeView, Plan, action_id
+from mitigator.plan import Action, Block, JobView, NodeView, Plan, action_id
 from models.reliability import expected_crash_loss_gpu_seconds, mitigation_cost_gpu_seconds, should_mitigate
 
 __all__ = ["PolicyConfig", "PolicyContext", "Policy", "ExpectedLossPolicy", "POLICIES"]
@@ -57,6 +60,10 @@ class PolicyConfig:
         if self.restart_s < 0 or self.migration_s < 0 or self.breaker_window_ms <= 0:
             raise ValueError("costs must be >= 0 and the breaker window > 0")
 
+    def breaker_limit(self, fleet_size: int) -> int:
+        """Drains allowed within the breaker's window (at least one)."""
+        return max(1, math.floor(self.breaker_share * fleet_size))
+
 
 @dataclass(frozen=True, slots=True)
 class PolicyContext:
@@ -68,6 +75,7 @@ class PolicyContext:
     recent_drains: tuple[int, ...]
     fleet_size: int
     reserved_spares: frozenset[str]
+    breaker_open: str | None = None  # why the latched breaker is open, None while closed
 
     def view(self, node: str) -> NodeView:
         return self.nodes.get(node, NodeView())
@@ -89,7 +97,7 @@ class ExpectedLossPolicy:
         r, c = ctx.record, self.config
         view = ctx.view(r.node)
         elevated = r.probability >= c.watch_at or r.alert
-        if view.pinned or view.state in (NodeState.DRAINED, NodeState.REPAIRED):
+        if view.pinned or view.unmanageable or view.state in (NodeState.DRAINED, NodeState.REPAIRED):
             return Plan(r.node, view)
         if view.state is NodeState.HEALTHY and not elevated:
             return Plan(r.node, view)  # the common case: nothing to remember, nothing to do
@@ -144,10 +152,10 @@ class ExpectedLossPolicy:
         if job is not None and blocked is None:
             spare = self._free_spare(ctx)
             if spare is None:
-                blocked = "no free spare"
+                blocked = Block("no_spare", "no free spare")
         if blocked is not None:
             if upgrade_only or job is None:
-                return Plan(node, view)
+                return Plan(node, view, blocked=blocked)
             return Plan(
                 node,
                 view,
@@ -157,9 +165,10 @@ class ExpectedLossPolicy:
                         "checkpoint",
                         node,
                         job.job,
-                        f"{why}; checkpoint only: {blocked}",
+                        f"{why}; checkpoint only: {blocked.detail}",
                     ),
                 ),
+                blocked=blocked,
             )
         actions = []
         if job is not None:
@@ -184,17 +193,19 @@ class ExpectedLossPolicy:
         )
         return Plan(node, replace(view, draining=True), tuple(actions))
 
-    def _drain_blocked(self, ctx: PolicyContext, node: str, job: JobView | None) -> str | None:
+    def _drain_blocked(self, ctx: PolicyContext, node: str, job: JobView | None) -> Block | None:
         c = self.config
-        if len(ctx.recent_drains) >= max(1, math.floor(c.breaker_share * ctx.fleet_size)):
-            return f"circuit breaker open ({len(ctx.recent_drains)} drains within the window)"
+        if ctx.breaker_open is not None:
+            return Block("breaker", f"circuit breaker open ({ctx.breaker_open}; reset by an operator)")
+        if (drains := len(ctx.recent_drains)) >= c.breaker_limit(ctx.fleet_size):
+            return Block("breaker", f"circuit breaker open ({drains} drains within the window)")
         moving = {n for n, v in ctx.nodes.items() if v.draining and v.state is not NodeState.HEALTHY}
         if len(moving) >= c.max_concurrent_drains:
-            return f"{len(moving)} drains already in progress (cap {c.max_concurrent_drains})"
+            return Block("concurrency", f"{len(moving)} drains in progress (cap {c.max_concurrent_drains})")
         if job is not None:
             allowed = max(1, math.floor(c.max_job_share * len(job.nodes)))
             if len(moving & set(job.nodes)) >= allowed:
-                return f"job {job.job} already has {allowed} node(s) moving (share cap)"
+                return Block("job_share", f"job {job.job} already has {allowed} node(s) moving (share cap)")
         return None
 
     def _free_spare(self, ctx: PolicyContext) -> str | None:

@@ -27,7 +27,8 @@ class SchedulerName(StrEnum):
     none = "none"
 
 
-def _scheduler(name: SchedulerName, kube_selector: str | None):
+def _scheduler(name: SchedulerName, kube_selector: str | None, timeout_s: float):
+    """The adapter by name; a cluster that cannot be configured is one line on stderr, exit 1."""
     from mitigator.schedulers import SCHEDULERS
 
     if name is SchedulerName.kubernetes:
@@ -36,9 +37,20 @@ def _scheduler(name: SchedulerName, kube_selector: str | None):
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config()
-        return SCHEDULERS["kubernetes"](api=client.CoreV1Api(), pod_selector=kube_selector)
+            try:
+                config.load_kube_config()
+            except (config.ConfigException, OSError) as exc:
+                _fail(f"no Kubernetes configuration (in-cluster or kubeconfig): {exc}")
+        api = client.CoreV1Api()
+        return SCHEDULERS["kubernetes"](api=api, pod_selector=kube_selector, timeout_s=timeout_s)
+    if name is SchedulerName.slurm:
+        return SCHEDULERS["slurm"](timeout_s=timeout_s)
     return SCHEDULERS[name.value]()
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"foreshock mitigate: {message}", err=True)
+    raise typer.Exit(1)
 
 
 def mitigate(
@@ -68,6 +80,23 @@ def mitigate(
         help="share of the fleet drained within --breaker-window that stops new drains",
     ),
     breaker_window: str = typer.Option("1h", "--breaker-window"),
+    reset_breaker: bool = typer.Option(
+        False, "--reset-breaker", help="publish an (audited) reset of a tripped circuit breaker and exit"
+    ),
+    horizon: str = typer.Option(
+        "15m", "--horizon", help="risk records older than this at receipt are rejected (dead-lettered)"
+    ),
+    clock_tolerance: str = typer.Option(
+        "2m", "--clock-tolerance", help="risk records dated further ahead of receipt are rejected"
+    ),
+    scheduler_timeout: str = typer.Option(
+        "15s", "--scheduler-timeout", help="bound on each scheduler call (scontrol, Kubernetes request)"
+    ),
+    workers: int = typer.Option(4, "--workers", min=1, help="actions run at once (one per node)"),
+    metrics_port: int = typer.Option(
+        9403, "--metrics-port", help="port of /metrics, /status, /readyz; 0: off"
+    ),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host"),
     kube_selector: str | None = typer.Option(
         None, "--kube-selector", help="label selector of job pods to evict"
     ),
@@ -82,23 +111,26 @@ def mitigate(
     """Turn risk scores into safe, audited actions (checkpoint, migrate, drain)."""
     from foreshock.commands.brokers import connect_kafka
     from ingest.stream import publish
-    from mitigator.audit import AuditLog
+    from mitigator.audit import AuditLog, AuditUnavailable
     from mitigator.channels import CHANNELS
+    from mitigator.endpoint import StatusServer
     from mitigator.engine import MitigationEngine
     from mitigator.executor import Executor
     from mitigator.jobs import FileJobs, StaticJobs
     from mitigator.policy import POLICIES, PolicyConfig
-    from mitigator.service import MitigationService, pin_request
+    from mitigator.service import MitigationService, breaker_reset_request, pin_request
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
     stop_after = _seconds(run_for, "--run-for") if run_for else None
     bus = connect_kafka(kafka, "mitigate")
-    if pin or unpin:
-        publish(bus, [pin_request(pin or unpin, pinned=bool(pin), reason="cli")])
+    if pin or unpin or reset_breaker:
+        request = breaker_reset_request("cli") if reset_breaker else pin_request(
+            pin or unpin, pinned=bool(pin), reason="cli")
+        publish(bus, [request])
         bus.flush()
         bus.close()
-        typer.echo(f"{'pin' if pin else 'unpin'} request for {pin or unpin} published")
+        typer.echo(f"{request.action} request{'' if reset_breaker else ' for ' + request.node} published")
         return
     if policy not in POLICIES:
         known = ", ".join(POLICIES)
@@ -117,21 +149,31 @@ def mitigate(
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    try:
+        engine = MitigationEngine(
+            POLICIES[policy](config),
+            jobs=FileJobs(control_dir) if control_dir else StaticJobs(),
+            fleet_size=fleet_size,
+            horizon_ms=int(_seconds(horizon, "--horizon") * 1000),
+            future_tolerance_ms=int(_seconds(clock_tolerance, "--clock-tolerance") * 1000),
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    sched = _scheduler(scheduler, kube_selector, _seconds(scheduler_timeout, "--scheduler-timeout"))
     channel = CHANNELS["file"](control_dir) if control_dir else CHANNELS["topic"](bus)
-    jobs = FileJobs(control_dir) if control_dir else StaticJobs()
-    executor = Executor(
-        AuditLog(audit, bus=bus),
-        scheduler=_scheduler(scheduler, kube_selector),
-        channel=channel,
-        acks=channel,
-        dry_run=dry_run,
-    )
-    service = MitigationService(
-        bus,
-        MitigationEngine(POLICIES[policy](config), jobs=jobs, fleet_size=fleet_size),
-        executor,
-        group=group,
-    )
+    try:
+        audit_log = AuditLog(audit, bus=bus)
+        executor = Executor(audit_log, scheduler=sched, channel=channel, acks=channel, dry_run=dry_run,
+                            workers=workers)
+        service = MitigationService(bus, engine, executor, group=group)
+    except AuditUnavailable as exc:
+        _fail(str(exc))
+    status = None
+    if metrics_port:
+        try:
+            status = StatusServer(service, metrics_host, metrics_port).start()
+        except OSError as exc:
+            _fail(f"cannot serve /metrics on {metrics_host}:{metrics_port}: {exc}")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -140,6 +182,8 @@ def mitigate(
     try:
         service.run(stop)
     finally:
+        if status is not None:
+            status.stop()
         service.close()
         bus.close()
 

@@ -164,7 +164,7 @@ def replay(cfg: ReplayConfig, on_period: Callable[[ReplayState], None] | None = 
         migration_s=cfg.migration_s,
         max_concurrent_drains=cfg.spares,
     )
-    state.engine = MitigationEngine(ExpectedLossPolicy(policy), jobs=job, fleet_size=cfg.nodes)
+    state.engine = MitigationEngine(ExpectedLossPolicy(policy), jobs=job, fleet_size=cfg.nodes, clock=clock)
     for stale in ("", "-wal", "-shm"):  # a fresh audit log per run
         Path(f"{cfg.audit_path}{stale}").unlink(missing_ok=True)
     audit = AuditLog(cfg.audit_path, bus=bus, clock=clock)

@@ -15,7 +15,7 @@ from mitigator.jobs import StaticJobs
 from mitigator.lifecycle import IllegalTransition, NodeState, check_transition
 from mitigator.plan import JobView
 from mitigator.policy import ExpectedLossPolicy, PolicyConfig
-from mitigator.service import MitigationService, pin_request
+from mitigator.service import MitigationService, breaker_reset_request, pin_request
 
 T0 = 1_700_000_000_000
 MIN = 60_000
@@ -37,25 +37,47 @@ class RecordingScheduler:
     def __init__(self, fail_first: int = 0):
         self.calls: list[tuple[str, bool]] = []
         self.fail_first = fail_first
+        self.drained: set[str] = set()
 
     def set_drained(self, node: str, drained: bool, reason: str) -> None:
         if self.fail_first > 0:
             self.fail_first -= 1
             raise RuntimeError("scheduler busy")
         self.calls.append((node, drained))
+        (self.drained.add if drained else self.drained.discard)(node)
+
+    def foreshock_drained(self) -> set[str]:
+        return set(self.drained)
+
+
+class Clock:
+    """The mitigator's clock in these tests: each record is received at its own time."""
+
+    def __init__(self, now_ms: int = T0):
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def monotonic(self) -> float:
+        return self.now_ms / 1000
 
 
 def rig(tmp_path, jobs, *, dry_run=False, scheduler=None, fleet=100, **cfg):
     config = PolicyConfig(**{"spare_nodes": ("spare0",), **cfg})
-    engine = MitigationEngine(ExpectedLossPolicy(config), jobs=StaticJobs(jobs), fleet_size=fleet)
+    clock = Clock()
+    engine = MitigationEngine(
+        ExpectedLossPolicy(config), jobs=StaticJobs(jobs), fleet_size=fleet, clock=clock
+    )
     bus = InMemoryBus()
     sched = scheduler or RecordingScheduler()
     executor = Executor(
-        AuditLog(tmp_path / "audit.sqlite", bus=bus),
+        AuditLog(tmp_path / "audit.sqlite", bus=bus, clock=clock),
         scheduler=sched,
         channel=FileChannel(tmp_path / "control"),
         dry_run=dry_run,
-        sleep=lambda s: None,
+        clock=clock,
+        monotonic=clock.monotonic,
     )
     return MitigationService(bus, engine, executor), bus, sched
 
@@ -63,7 +85,17 @@ def rig(tmp_path, jobs, *, dry_run=False, scheduler=None, fleet=100, **cfg):
 def feed(service: MitigationService, records) -> list:
     out = []
     for r in records:
+        service.engine.clock.now_ms = max(service.engine.clock.now_ms, r.ts)
         out.extend(service.handle(r))
+    return out
+
+
+def wait_out(service: MitigationService, seconds: float) -> list:
+    """Let the mitigator's clock run ``seconds`` on, a second at a time, running what falls due."""
+    out = []
+    for _ in range(int(seconds)):
+        service.engine.clock.now_ms += 1000
+        out.extend(service.tick())
     return out
 
 
@@ -153,14 +185,28 @@ def test_no_free_spare_means_checkpoint_only(tmp_path):
     assert sched.calls == []
 
 
-def test_circuit_breaker_stops_new_drains_within_the_window(tmp_path):
+def test_circuit_breaker_latches_open_until_an_operator_resets_it(tmp_path):
     nodes = [f"n{i}" for i in range(10)]
-    service, _, sched = rig(tmp_path, [], max_concurrent_drains=10, breaker_share=0.2, fleet=10)
+    service, bus, sched = rig(tmp_path, [], max_concurrent_drains=10, breaker_share=0.2, fleet=10)
     outcomes = feed(service, [risk(n, i, p) for i, p in enumerate([0.9, 0.95]) for n in nodes])
     assert len([o for o in outcomes if o.action.kind == "drain"]) == 2  # 20 % of a 10-node fleet
     assert service.engine.state("n9") is NodeState.MITIGATING  # wants out, held back by the breaker
     later = feed(service, [risk("n9", 200, 0.9), risk("n9", 201, 0.95)])  # hours on: the window has passed
-    assert [(o.action.kind, o.status) for o in later] == [("drain", "succeeded")]
+    assert later == [] and service.engine.breaker is not None  # latched: no drain without a person
+    rows = [(e.action, e.status) for e in service.executor.audit.events()]
+    assert rows.count(("breaker", "tripped")) == 1
+    blocked = [e for e in service.executor.audit.events() if e.status == "blocked"]
+    assert {e.node for e in blocked} == set(nodes[2:])  # every node held back has its row, once
+    assert all("circuit breaker open" in e.reason for e in blocked)
+    assert service.status()["breaker"]["open"] is True
+    publish(bus, [breaker_reset_request("checked the fleet", ts=T0 + 202 * MIN)])
+    service.engine.clock.now_ms = T0 + 202 * MIN
+    while service.poll_once(0.0):
+        pass
+    assert service.engine.breaker is None
+    assert ("breaker", "reset") in [(e.action, e.status) for e in service.executor.audit.events()]
+    after = feed(service, [risk("n9", 203, 0.9)])
+    assert [(o.action.kind, o.status) for o in after] == [("drain", "succeeded")]
     assert len(sched.calls) == 3
 
 
@@ -184,6 +230,7 @@ def test_replayed_risk_stream_acts_once(tmp_path):
     records = [risk(n, i, p) for i, p in enumerate([0.2, 0.5, 0.9, 0.95, 0.97]) for n in ("n1", "n5")]
     jobs = [job("llm", ["n1", "n2", "n3", "n4"])]
     service, bus, sched = rig(tmp_path, jobs)
+    service.engine.clock.now_ms = max(r.ts for r in records)
     publish(bus, records)
     while service.poll_once(0.0):
         pass
@@ -193,7 +240,7 @@ def test_replayed_risk_stream_acts_once(tmp_path):
     # a restarted mitigator (fresh memory, same audit log) reading the stream from the start
     restarted = MitigationService(
         bus,
-        MitigationEngine(service.engine.policy, jobs=StaticJobs(jobs)),
+        MitigationEngine(service.engine.policy, jobs=StaticJobs(jobs), clock=service.engine.clock),
         service.executor,
         group="after-restart",
     )
@@ -206,12 +253,14 @@ def test_replayed_risk_stream_acts_once(tmp_path):
     assert len(list((tmp_path / "control" / "llm" / "commands").iterdir())) == 1
 
 
-def test_failed_drain_is_retried_with_backoff_and_audited(tmp_path):
+def test_failed_drain_is_retried_with_backoff_without_holding_the_loop(tmp_path):
     sched = RecordingScheduler(fail_first=2)
     service, _, _ = rig(tmp_path, [], scheduler=sched)
-    waits: list[float] = []
-    service.executor.sleep = waits.append
-    outcomes = feed(service, [risk("n1", i, p) for i, p in enumerate([0.9, 0.95])])
+    assert feed(service, [risk("n1", i, p) for i, p in enumerate([0.9, 0.95])]) == []  # handed back at once
+    assert service.engine.state("n1") is NodeState.MITIGATING
+    [in_flight] = service.status()["in_flight"]
+    assert (in_flight["action"], in_flight["attempts"], in_flight["next_attempt_in_s"]) == ("drain", 1, 0.5)
+    outcomes = wait_out(service, 3)
     assert [(o.action.kind, o.status) for o in outcomes] == [("drain", "succeeded")]
     trail = [(e.status, e.attempt) for e in service.executor.audit.events(outcomes[0].action.action_id)]
     assert trail == [
@@ -223,14 +272,25 @@ def test_failed_drain_is_retried_with_backoff_and_audited(tmp_path):
         ("started", 3),
         ("succeeded", 3),
     ]
-    assert waits == [0.5, 1.0]
+    trail = service.executor.audit.events(outcomes[0].action.action_id)
+    failed = [e.reason for e in trail if e.status == "failed"]
+    assert [r.rsplit("retry in ", 1)[1] for r in failed] == ["0.5 s", "1 s"]
+    assert service.engine.state("n1") is NodeState.DRAINED
 
 
-def test_drain_that_keeps_failing_returns_the_node_to_watch(tmp_path):
-    service, _, _ = rig(tmp_path, [], scheduler=RecordingScheduler(fail_first=99))
-    outcomes = feed(service, [risk("n1", i, p) for i, p in enumerate([0.9, 0.95])])
-    assert [o.status for o in outcomes] == ["failed"]
-    assert service.engine.state("n1") is NodeState.WATCH
+def test_a_drain_is_repeated_until_the_scheduler_takes_it_and_the_job_is_told_once(tmp_path):
+    sched = RecordingScheduler(fail_first=12)  # a scheduler down for a few minutes
+    service, _, _ = rig(tmp_path, [job("llm", ["n1", "n2", "n3", "n4"])], scheduler=sched)
+    feed(service, [risk("n1", i, p) for i, p in enumerate([0.5, 0.9, 0.95])])
+    feed(service, [risk("n1", 3 + i, 0.95) for i in range(5)])  # more alerts while the drain waits
+    assert service.engine.state("n1") is NodeState.MITIGATING
+    outcomes = wait_out(service, 900)
+    assert [(o.action.kind, o.status) for o in outcomes] == [("drain", "succeeded")]
+    assert sched.calls == [("n1", True)]
+    assert len(list((tmp_path / "control" / "llm" / "commands").iterdir())) == 1  # one leave, never two
+    backoffs = [float(e.reason.rsplit("retry in ", 1)[1][:-2]) for e in service.executor.audit.events()
+                if e.action == "drain" and e.status == "failed"]
+    assert backoffs[:4] == [0.5, 1.0, 2.0, 4.0] and max(backoffs) == 60.0
 
 
 def test_repair_undrains_and_returns_to_healthy(tmp_path):
@@ -244,6 +304,7 @@ def test_repair_undrains_and_returns_to_healthy(tmp_path):
 
 def test_pinned_node_is_never_acted_on_until_unpinned(tmp_path):
     service, bus, sched = rig(tmp_path, [])
+    service.engine.clock.now_ms = T0 + 4 * MIN
     publish(bus, [pin_request("n1", True, "hands off", ts=T0 - 1)])
     publish(bus, [risk("n1", i, 0.99) for i in range(5)])
     while service.poll_once(0.0):
@@ -251,6 +312,7 @@ def test_pinned_node_is_never_acted_on_until_unpinned(tmp_path):
     assert sched.calls == []
     publish(bus, [pin_request("n1", False, ts=T0 + 6 * MIN)])
     publish(bus, [risk("n1", 10 + i, 0.99) for i in range(3)])
+    service.engine.clock.now_ms = T0 + 12 * MIN
     while service.poll_once(0.0):
         pass
     assert sched.calls == [("n1", True)]
@@ -265,11 +327,12 @@ def test_failed_migration_skips_the_drain_and_frees_the_spare(tmp_path):
     service, _, sched = rig(tmp_path, [job("llm", ["n1", "n2", "n3", "n4"])])
     service.executor.channel = None  # the job cannot be reached
     outcomes = feed(service, [risk("n1", i, p) for i, p in enumerate([0.5, 0.9, 0.95])])
+    outcomes += wait_out(service, 5)
     assert [(o.action.kind, o.status) for o in outcomes] == [("migrate", "failed"), ("drain", "skipped")]
     assert sched.calls == []
     assert service.engine.state("n1") is NodeState.WATCH
     service.executor.channel = FileChannel(tmp_path / "control")
-    retry = feed(service, [risk("n1", 10 + i, 0.95) for i in range(2)])
+    retry = feed(service, [risk("n1", 10 + i, 0.95) for i in range(2)]) + wait_out(service, 1)
     assert [(o.action.kind, o.status) for o in retry] == [("migrate", "succeeded"), ("drain", "succeeded")]
     assert retry[0].action.replacement == "spare0"
 
