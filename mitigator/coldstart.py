@@ -22,10 +22,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
+import msgspec
+
 from ingest.contract import MitigationEvent
 from mitigator.audit import AuditLog, is_open
 from mitigator.lifecycle import NodeState
-from mitigator.plan import Action, NodeView
+from mitigator.plan import Action, NodeView, count_states
 from mitigator.schedulers import SchedulerAdapter, SchedulerError
 
 __all__ = ["ColdStart", "rebuild"]
@@ -45,10 +47,7 @@ class ColdStart:
     returned_by_hand: list[str]  # the log held them drained; the scheduler has them in service
 
     def counts(self) -> dict[str, int]:
-        states: dict[str, int] = {}
-        for v in self.views.values():
-            states[v.state.value] = states.get(v.state.value, 0) + 1
-        return states
+        return count_states(self.views.values())
 
 
 def rebuild(
@@ -84,7 +83,8 @@ def rebuild(
             continue
         p = planned[action_id]
         action = Action(action_id, p.action, p.node, p.job, p.reason)
-        audit.record(replace(e, status="abandoned", reason="cut off by a restart; resumed", ts=now_ms))
+        audit.record(msgspec.structs.replace(e, status="abandoned", reason="cut off by a restart; resumed",
+                                             ts=now_ms))
         resumed.append(action)
     by_scheduler, by_hand = ([], []) if dry_run else _compare(views, scheduler)
     if resumed or by_scheduler or by_hand or views:
@@ -104,6 +104,9 @@ def _apply(view: NodeView, e: MitigationEvent, dry_run: bool) -> NodeView:
     if e.action in ("drain", "migrate") and final_failure:
         return replace(view, state=NodeState.WATCH, draining=False,
                        unmanageable=view.unmanageable or e.reason.startswith("permanent"))
+    held_back = (e.action, e.status) in (("drain", "blocked"), ("checkpoint", "planned"))
+    if held_back and view.state in (NodeState.HEALTHY, NodeState.WATCH):  # mitigating, without a drain
+        return replace(view, state=NodeState.MITIGATING, draining=False)
     if e.action == "undrain" and e.status == "planned":
         return replace(view, state=NodeState.REPAIRED, draining=False)
     if e.action == "undrain" and done:

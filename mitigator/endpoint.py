@@ -55,7 +55,7 @@ class _Handler(BaseHTTPRequestHandler):
         service = self.server.service
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            return self._send(200, service.metrics.render(), CONTENT_TYPE_LATEST)
+            return self._send(200, service.render_metrics(), CONTENT_TYPE_LATEST)
         if path == "/status":
             return self._json(200, service.status())
         if path == "/healthz":

@@ -7,12 +7,16 @@ executor, which refuses an id it already completed, acts once.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from mitigator.lifecycle import NodeState
 
-__all__ = ["ActionKind", "Action", "NodeView", "JobView", "Block", "Rail", "Plan", "action_id"]
+__all__ = [
+    "ActionKind", "Action", "NodeView", "JobView", "Block", "Rail", "Plan", "action_id", "count_states",
+]
 
 ActionKind = Literal["checkpoint", "drain", "undrain", "migrate", "pin", "unpin"]
 Rail = Literal["breaker", "concurrency", "job_share", "no_spare"]
@@ -97,3 +101,8 @@ class Plan:
     actions: tuple[Action, ...] = ()
     blocked: Block | None = None
     rejected: str | None = None
+
+
+def count_states(views: Iterable[NodeView]) -> dict[str, int]:
+    """Nodes per lifecycle state (the metrics' and the status page's tally)."""
+    return dict(Counter(v.state.value for v in views))

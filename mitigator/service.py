@@ -36,7 +36,7 @@ from mitigator.engine import MitigationEngine
 from mitigator.executor import Executor, Outcome
 from mitigator.lifecycle import NodeState
 from mitigator.metrics import MitigatorMetrics
-from mitigator.plan import Plan, action_id
+from mitigator.plan import Plan, action_id, count_states
 
 __all__ = ["MitigationService", "pin_request", "breaker_reset_request"]
 
@@ -71,9 +71,17 @@ class MitigationService:
         )
 
     def handle(self, record: RiskScore | NodeEvent | MitigationEvent) -> list[Outcome]:
-        """Plan for one record and run what is due (an executor without workers acts at once)."""
+        """Plan for one record and run what is due (an executor without workers acts at once).
+
+        A record whose intent cannot be recorded pauses the service and is dropped here; the loop
+        (:meth:`poll_once`) reads it again instead."""
         with self._lock:
-            return self._plan(record, None) + self._run_due()
+            try:
+                planned = self._plan(record, None)
+            except AuditUnavailable as exc:
+                self._pause(exc, [])
+                return []
+            return planned + self._run_due()
 
     def poll_once(self, timeout_s: float = 0.5) -> int:
         """Handle one batch; returns records handled. Never blocks on an action."""
@@ -97,7 +105,6 @@ class MitigationService:
                 self.stream.commit(handled)
             if self.paused is None:
                 self._run_due()
-            self._gauges()
         return n
 
     def run(self, stop: threading.Event, timeout_s: float = 0.5) -> None:
@@ -107,6 +114,12 @@ class MitigationService:
     def close(self) -> None:
         self.executor.close()
         self.stream.close()
+
+    def render_metrics(self) -> bytes:
+        """``/metrics``: the gauges read at scrape time, then the registry."""
+        with self._lock:
+            self._gauges()
+        return self.metrics.render()
 
     @property
     def ready(self) -> bool:
@@ -161,7 +174,6 @@ class MitigationService:
         self.metrics.cold_start_resumed.set(len(cs.resumed))
         for state in NodeState:
             self.metrics.cold_start_nodes.labels(state.value).set(cs.counts().get(state.value, 0))
-        self._gauges()
         return cs
 
     def _plan(self, record, message: Message | None) -> list[Outcome]:
@@ -292,9 +304,7 @@ class MitigationService:
         m.drains_in_window.set(len(self.engine.drains_in_window()))
         m.breaker_limit.set(self.engine.breaker_limit())
         m.in_flight.set(len(self.executor.in_flight()))
-        counts: dict[str, int] = {}
-        for view in self.engine.views.values():
-            counts[view.state.value] = counts.get(view.state.value, 0) + 1
+        counts = count_states(self.engine.views.values())
         for state in NodeState:
             m.nodes.labels(state.value).set(counts.get(state.value, 0))
 
