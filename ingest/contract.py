@@ -8,6 +8,19 @@ On the wire a Kafka message is UTF-8 JSON holding either one record or an array 
 the topic's type for one node (one scrape of a node's eight GPUs is one message). Timestamps
 are integer epoch milliseconds, UTC. GPU field names are DCGM's (``DCGM_FI_DEV_GPU_TEMP`` ->
 ``gpu_temp``), so a dcgm-exporter scrape, an NVML poll and the simulator fill the same columns.
+
+Versions and compatibility. Every encoded record carries its schema version ``v`` (now 1), so a
+consumer in any language can tell which contract a record follows; other fields equal to their
+default are left out. ``v`` is the *major* version: it changes only when a change would make an
+older consumer misread a record (a field renamed, retyped, given a new meaning or made required).
+Adding an optional field is not such a change, so within one major version:
+
+- a consumer ignores fields it does not know, and a newer producer that adds one is still read
+  by older consumers (forward compatible). A field name misspelt by a producer is therefore
+  ignored, not refused: the fields the consumer knows are still validated;
+- a record without ``v`` (written before ``v`` was always sent) decodes as version 1;
+- a record whose ``v`` is not one this consumer knows (a higher major version) is refused with
+  a reason naming ``$.v`` and the versions it knows, and is dead-lettered like any invalid record.
 """
 
 from __future__ import annotations
@@ -74,11 +87,20 @@ NodeId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class _Record(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, omit_defaults=True,
-              gc=False):
-    """Fields every record carries: schema version, node id, epoch-ms timestamp."""
+def _schema_version() -> int:
+    """The default of ``v``, given as a factory on purpose: ``omit_defaults`` leaves out a field
+    equal to a plain default, which kept ``v`` off the wire; a value made by a factory is always
+    encoded. A record decoded without ``v`` still gets it."""
+    return SCHEMA_VERSION
 
-    v: Version = SCHEMA_VERSION
+
+class _Record(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True, gc=False):
+    """Fields every record carries: schema version, node id, epoch-ms timestamp.
+
+    Unknown fields are ignored (not ``forbid_unknown_fields``): see the module docstring.
+    """
+
+    v: Version = msgspec.field(default_factory=_schema_version)
     node: NodeId
     ts: EpochMs
 
@@ -197,7 +219,7 @@ KUBE_DRAIN_TAINT: Final = "foreshock.io/failure-risk"
 (the mitigator sets and removes it; the node-state collector reads it as ``drained``)."""
 
 
-class FeatureContribution(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class FeatureContribution(msgspec.Struct, frozen=True, kw_only=True):
     """One feature's value and its SHAP contribution (log-odds) to a node's risk."""
 
     name: str
@@ -246,7 +268,7 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     ``truncated`` says that ``value`` holds only its first :data:`DEAD_LETTER_MAX_VALUE` bytes.
     """
 
-    v: Version = SCHEMA_VERSION
+    v: Version = msgspec.field(default_factory=_schema_version)
     ts: EpochMs
     topic: str
     partition: int | None
@@ -362,7 +384,10 @@ def decode(topic: str, data: bytes | None) -> list[Any]:
     try:
         out = decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise RecordError(topic, str(exc)) from None
+        reason = str(exc)
+        if reason.endswith(".v`"):  # e.g. "Invalid enum value 2 - at `$[0].v`"
+            reason = f"unsupported schema version (this consumer knows v{SCHEMA_VERSION}): {reason}"
+        raise RecordError(topic, reason) from None
     except msgspec.DecodeError as exc:
         raise RecordError(topic, f"malformed JSON: {exc}") from None
     if isinstance(out, list):

@@ -1,6 +1,10 @@
 """The bus on Apache Kafka, through kafka-python.
 
 Producer: batched (``linger_ms``), lz4-compressed, ``acks=all`` so ``flush`` means durable.
+Keys go to partitions by murmur2, as the Java client's default partitioner does: the contract
+asks every producer for that, so a node's records share one partition whoever wrote them.
+A process that must not wait on the broker (a collector) takes :data:`BOUNDED_PRODUCER` and sends
+with :meth:`KafkaBus.deliver`, which returns within a stated time whatever the broker does.
 Consumer: a group member with auto-commit off; the application commits the offsets of what
 it has handled, so a crash replays uncommitted records instead of losing them.
 """
@@ -9,19 +13,32 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 
 from kafka import ConsumerRebalanceListener, KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+from kafka.partitioner import DefaultPartitioner
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from ingest.bus import AssignListener, Message, commit_positions
 from ingest.contract import Topic
 
-__all__ = ["KafkaBus", "KafkaConsumerMember", "ensure_topics"]
+__all__ = ["BOUNDED_PRODUCER", "KafkaBus", "KafkaConsumerMember", "ensure_topics"]
 
 log = logging.getLogger(__name__)
+
+BOUNDED_PRODUCER = dict(
+    max_block_ms=2_000,  # send() waits this long at most for metadata (kafka-python's default: 60 s)
+    request_timeout_ms=4_000,
+    delivery_timeout_ms=8_000,  # every record's future resolves within this (default: 120 s)
+    reconnect_backoff_max_ms=1_000,  # back within a second of the broker (default: up to 30 s)
+)
+"""Producer settings for a process whose loop must not wait on the broker: during an outage a
+send fails within ``delivery_timeout_ms`` instead of being retried for two minutes, and a broker
+that is back is reconnected to within a second. Idempotence (kafka-python's default) stays on,
+so the producer's own retries neither reorder nor duplicate."""
 
 
 def ensure_topics(bootstrap: str, topics: Sequence[str] = Topic.ALL, partitions: int = 8) -> None:
@@ -44,7 +61,8 @@ class KafkaBus:
     """Kafka-backed :class:`ingest.bus.Bus`."""
 
     def __init__(self, bootstrap: str, *, linger_ms: int = 20, batch_bytes: int = 1 << 20,
-                 compression: str | None = "lz4", client_id: str = "foreshock"):
+                 compression: str | None = "lz4", client_id: str = "foreshock",
+                 producer_config: dict | None = None):
         self.bootstrap = bootstrap
         self._client_id = client_id
         self._producer: KafkaProducer | None = None
@@ -56,7 +74,9 @@ class KafkaBus:
             batch_size=batch_bytes,
             compression_type=compression,
             max_request_size=8 << 20,
+            partitioner=DefaultPartitioner(),  # murmur2, Java's: named, not left to a default
         )
+        self._producer_config.update(producer_config or {})
 
     @property
     def producer(self) -> KafkaProducer:
@@ -72,14 +92,53 @@ class KafkaBus:
         if self._producer is not None:
             self._producer.flush()
 
+    def deliver(self, messages: Sequence[tuple[str, str, bytes]], timeout_s: float | None = None
+                ) -> tuple[int, BaseException | None]:
+        """Send ``messages`` in order and wait for their acknowledgements; return how many, from the
+        first, are durable, and the error that stopped the rest (None: all of them).
+
+        ``timeout_s`` bounds the wait (None: until every future resolves, which the producer's
+        ``delivery_timeout_ms`` bounds). Waiting on each future against one deadline, not on
+        ``flush(timeout)``, keeps the bound: kafka-python applies a flush timeout to each batch in turn.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        futures, error = [], None
+        try:
+            for topic, key, value in messages:
+                futures.append(self.producer.send(topic, value=value, key=key.encode()))
+        except KafkaError as exc:  # no metadata within max_block_ms, no broker to bootstrap from
+            error = exc
+        delivered = 0
+        for future in futures:
+            try:
+                future.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except KafkaError as exc:
+                return delivered, exc
+            delivered += 1
+        return delivered, error
+
     def consumer(self, group: str, topics: Sequence[str], **config) -> KafkaConsumerMember:
         return KafkaConsumerMember(self.bootstrap, group, topics, client_id=self._client_id, **config)
 
-    def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush()
-            self._producer.close()
-            self._producer = None
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush and close the producer, waiting at most ``timeout_s`` (None: until flushed)."""
+        if self._producer is None:
+            return
+        producer, self._producer = self._producer, None
+        if timeout_s is None:
+            producer.flush()
+            producer.close()
+            return
+        try:
+            producer.close(timeout=timeout_s)
+        except KafkaTimeoutError:
+            # kafka-python's close() raises from its flush when records are still unacknowledged
+            # and leaves its sender running; force it closed, as Java's close(timeout) does.
+            log.warning("Kafka producer closed with records unacknowledged after %.1f s", timeout_s)
+            sender = getattr(producer, "_sender", None)
+            if sender is not None:
+                sender.force_close()
+            producer._closed = True  # close() had unhooked it from atexit; a second close() is a no-op
 
 
 class KafkaConsumerMember:
@@ -191,6 +250,18 @@ class KafkaConsumerMember:
                 high = pos = None
             out[(tp.topic, tp.partition)] = None if high is None or pos is None else max(0, high - pos)
         return out
+
+    def reachable(self) -> bool:
+        """Whether this member holds an open connection to at least one broker of the cluster.
+
+        For readiness probes (safe from another thread: it only reads connection states). While no
+        broker answers, polls return nothing and the lag keeps the last ends it saw, so neither
+        shows the outage; the connections do, within the client's reconnect attempts.
+        """
+        client = getattr(self._consumer, "_client", None)  # kafka-python keeps its client private
+        if client is None:
+            return True
+        return any(client.connected(b.node_id) for b in client.cluster.brokers())  # brokers(): a copy
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)

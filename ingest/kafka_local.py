@@ -4,6 +4,12 @@ The broker's jars come from Maven Central (``org.apache.kafka:kafka_2.13``) thro
 a cache outside the checkout (``$FORESHOCK_CACHE`` or ``~/.cache/foreshock``), once; later
 starts reuse them. Needs Java 17+ and ``mvn`` on the PATH.
 
+The broker logs at INFO to ``broker.log`` in its data folder. Kafka 4.1 logs through SLF4J 1.7
+(``slf4j-api`` 1.7.36), which finds only a 1.x binding: with Log4j 2's SLF4J 2 provider alone it fell
+back to its no-operation logger, and ``broker.log`` held nothing but SLF4J's "NOP logger" warning.
+The jars therefore include ``log4j-slf4j-impl`` (Log4j 2's SLF4J 1.x binding), and each start
+writes a Log4j 2 configuration (:data:`LOG4J_CONFIG`) beside the broker's ``server.properties``.
+
     python -m ingest.kafka_local up     # starts in the background, prints 127.0.0.1:PORT
     python -m ingest.kafka_local down
 """
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -36,8 +43,23 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0
 <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{kafka}</version></dependency>
 <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>{kafka}</version></dependency>
 <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
-<dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId><version>{log4j}</version></dependency>
+<dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>{log4j}</version></dependency>
 </dependencies></project>
+"""
+
+LOG4J_CONFIG = """# Written by ingest.kafka_local: the broker logs at INFO to its stdout, which is broker.log.
+status = warn
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = STDOUT
+# Kafka's own defaults: per-request and controller state-change chatter stays out
+logger.request.name = kafka.request.logger
+logger.request.level = warn
+logger.state.name = state.change.logger
+logger.state.level = warn
 """
 
 
@@ -46,15 +68,20 @@ def cache_dir() -> Path:
 
 
 def fetch_jars(version: str = KAFKA_VERSION) -> Path:
-    """The folder holding the broker's jars, downloading them with Maven the first time."""
-    libs = cache_dir() / "kafka" / version / "libs"
+    """The folder holding the broker's jars, downloading them with Maven the first time.
+
+    The folder is named by the Kafka version and a hash of the dependency list, so a change of
+    the list (the logging binding) fetches anew instead of reusing a cache that lacks a jar.
+    """
+    pom = _POM.format(kafka=version, log4j=LOG4J_VERSION)
+    libs = cache_dir() / "kafka" / f"{version}-{hashlib.sha256(pom.encode()).hexdigest()[:8]}" / "libs"
     if (libs / f"kafka_2.13-{version}.jar").exists():
         return libs
     if shutil.which("mvn") is None or shutil.which("java") is None:
         raise RuntimeError("the Kafka broker needs `java` (17+) and `mvn` on the PATH")
     work = libs.parent / "build"
     work.mkdir(parents=True, exist_ok=True)
-    (work / "pom.xml").write_text(_POM.format(kafka=version, log4j=LOG4J_VERSION))
+    (work / "pom.xml").write_text(pom)
     tmp = libs.parent / "libs.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     subprocess.run(
@@ -119,7 +146,9 @@ class LocalKafka:
     def start(self, timeout_s: float = 90) -> LocalKafka:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cfg = self._write_config()
-        java = ["java", f"-Xmx{self.heap_mb}m", "-cp", self.classpath]
+        log4j = self.data_dir / "log4j2.properties"
+        log4j.write_text(LOG4J_CONFIG)
+        java = ["java", f"-Xmx{self.heap_mb}m", f"-Dlog4j2.configurationFile={log4j}", "-cp", self.classpath]
         if not (self.data_dir / "logs" / "meta.properties").exists():
             cluster_id = uuid.uuid4().bytes.hex()[:22]
             subprocess.run([*java, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(cfg)],

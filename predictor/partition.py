@@ -15,6 +15,13 @@ that arrives behind its own log's progress by more than ``lateness`` is treated 
 ``progress - lateness``: that keeps the decision a function of each log's own order, never of how
 fetches from different logs interleaved.
 
+A record's time must be plausible before it may move any of this (:func:`time_anomaly`): one
+dated past the wall clock, or too far behind its own log for the feature engine to place, is
+dead-lettered instead, so a single bad stamp (a clock 6 h ahead, ts = 2^53) can neither hold
+back every later record of its log nor be saved into a checkpoint. A stretch of boundaries at
+which a partition has no live node is skipped in one step (:meth:`PartitionState.skip_idle`),
+so an early stamp that slipped in as a log's first record costs one boundary, not a walk from 1970.
+
 A node out of service (its last node event at or before ``T`` a ``down``, ``drained`` or
 ``failed``, not yet followed by ``repaired`` or ``up``) is not scored at ``T``: training never saw
 such rows (the labels leave them out), and an alert for a node that runs no work only adds noise.
@@ -29,7 +36,7 @@ from typing import Any, Protocol
 
 from ingest.contract import RECORD_TYPES, RETURN_EVENTS, UNAVAILABLE_EVENTS, Topic, decode, encode
 
-__all__ = ["OnlineEngine", "PartitionState", "watermark", "apply_by_tick"]
+__all__ = ["OnlineEngine", "PartitionState", "watermark", "apply_by_tick", "time_anomaly"]
 
 _SERVICE_EVENTS = UNAVAILABLE_EVENTS | RETURN_EVENTS
 
@@ -67,6 +74,44 @@ def watermark(states: Iterable[PartitionState], topics: Sequence[str],
     if bounded:
         return min(bounded)
     return max(seen, default=None)
+
+
+def time_anomaly(state: PartitionState, topic: str, records: Sequence[Any], receipt_ms: int, *,
+                 future_ms: int, past_ms: int) -> str | None:
+    """Why one consumed message's records may not enter ``state`` (None: they may), for its dead letter.
+
+    Checked before :meth:`PartitionState.add`, so a refused message moves neither the log's progress,
+    nor the first boundary, nor the engine's watermark, and is never saved into a checkpoint.
+
+    - **Future:** a record dated more than ``future_ms`` after ``receipt_ms`` (the wall clock when
+      the poll returned). A log's own event time cannot be the reference here: a record after a
+      real gap (a broker outage, the only node of a partition rebooting, a quiet night) is exactly
+      as far ahead of it as a wrong one, and refusing it would refuse every record after the gap,
+      for good. Telemetry cannot come from the future, so this also covers the very first record
+      of a partition, which has no event time to compare with. What it does not catch is a jump
+      *within* the past (a replay of last year's data with one record 6 h ahead of the others):
+      such a record is taken as data. The hosts' clocks must agree within ``future_ms`` (NTP).
+    - **Past:** a record older than its own log's newest record (``progress``; per (topic,
+      partition), because the logs of one partition are read at different paces and a sparse
+      log's next record is legitimately far behind a dense one) by more than ``past_ms`` —
+      lateness plus the feature engine's tolerance: the engine keeps every record at least that
+      recent and may drop (silently) one that is older. Node events are never refused for
+      being late: the engine does not bucket them and the service places them at any time. The
+      first record of a log has nothing to trail, so it passes: see :meth:`PartitionState.skip_idle`.
+
+    A message whose records disagree is refused whole, as :func:`ingest.contract.decode` refuses
+    a message with one invalid record: its dead letter holds the original bytes.
+    """
+    progress = state.progress.get(topic) if topic != Topic.NODE_EVENTS else None
+    for r in records:
+        if r.ts > receipt_ms + future_ms:
+            return (f"time anomaly: ts {r.ts} is dated {(r.ts - receipt_ms) / 1000:,.0f} s after its receipt "
+                    f"(future tolerance {future_ms / 1000:g} s): it would move the partition's event time")
+        if progress is not None and r.ts < progress - past_ms:
+            return (f"time anomaly: ts {r.ts} is {(progress - r.ts) / 1000:,.0f} s behind the newest record "
+                    f"of {topic} partition {state.partition} (ts {progress}), more than lateness + "
+                    f"tolerance ({past_ms / 1000:g} s): the feature engine can no longer place it")
+    return None
 
 
 def apply_by_tick(engine: OnlineEngine, timed: Sequence[tuple[int, Any, Any]], tick_ms: int) -> None:
@@ -168,6 +213,24 @@ class PartitionState:
                 if changes[0][1]:
                     away.add(node)
         return away
+
+    def skip_idle(self, seen_until: int, horizon: int) -> None:
+        """Called after a boundary at which the engine had no live node: move the next boundary
+        past the boundaries that would be empty too, to the first that applies a held record (or
+        ``horizon``, the first boundary at or after the scoring limit, if earlier).
+
+        Exact: when every record the engine holds lies before ``seen_until`` (the time features were
+        read at), a later boundary's windows hold a subset of what this one's held, so no node is
+        live there either, until a held record is applied. The scores are therefore those of
+        closing each boundary in turn, which could take ~10^11 steps after a first record stamped
+        in 1970 (nothing precedes a log's first record to show that it is late).
+        """
+        if self.next_boundary is None or getattr(self.engine, "watermark_ms", seen_until) >= seen_until:
+            return
+        first = min((eff for eff, _, _ in self._held), default=None)
+        target = horizon if first is None else min(horizon, -(-first // self.period_ms) * self.period_ms)
+        if target > self.next_boundary:
+            self.next_boundary = target
 
     def close(self, boundary: int) -> None:
         """Make the engine hold every record ``<= boundary``; the caller reads its features at

@@ -2,7 +2,8 @@
 
 One loop, one thread (:meth:`RiskService.run`); the HTTP API only reads what it publishes.
 
-    poll a micro-batch ─► hold each record in its partition's state (dead letters go out)
+    poll a micro-batch ─► hold each record in its partition's state (dead letters go out: what
+           does not decode, and what is dated implausibly, see predictor.partition.time_anomaly)
         ─► close every event-time boundary that is due: apply the held records <= T to the
            partition's feature engine, read the features at T   (see predictor.partition)
         ─► score every (node, T) row of the cycle in one batched model call
@@ -35,7 +36,7 @@ from models.artifact import RiskModel
 from predictor.checkpoint import CheckpointStore
 from predictor.metrics import ServiceMetrics
 from predictor.model_source import ModelSource, check_model
-from predictor.partition import OnlineEngine, PartitionState, apply_by_tick, watermark
+from predictor.partition import OnlineEngine, PartitionState, apply_by_tick, time_anomaly, watermark
 from predictor.scoring import RiskBoard, score_frame
 
 __all__ = ["ServiceConfig", "EngineFactory", "RiskService", "NotReady"]
@@ -53,10 +54,13 @@ class EngineFactory(Protocol):
     ``finish(frame)`` completes the rows of one tick gathered from several engines (one per
     partition): cross-node features such as peer z-scores must be computed over all of them.
     ``tick_ms``: features change only at multiples of it (the engine's bucket).
+    ``tolerance_ms``: the engines' allowance for records out of order; a record further behind
+    its log than lateness plus this cannot be placed and is dead-lettered.
     """
 
     feature_set_hash: str
     tick_ms: int
+    tolerance_ms: int
 
     def new(self) -> OnlineEngine: ...
 
@@ -81,11 +85,15 @@ class ServiceConfig:
     apply_batch: int = 8_192  # held records of a partition that make it worth an engine update early
     top_k: int = 5
     history: int = 60
-    ready_lag: int = 0
+    ready_lag: int = 0  # messages behind the topics at most, once, before the first "ready"
+    max_lag: int = 10_000  # messages behind the topics beyond which a ready service is no longer ready
+    future_tolerance_ms: int = 300_000  # how far after its receipt a record may be dated
 
     def __post_init__(self) -> None:
         if self.score_every_ms <= 0 or self.lateness_ms < 0 or self.checkpoint_every_s <= 0:
             raise ValueError("score_every must be > 0, lateness >= 0 and checkpoint_every > 0")
+        if self.future_tolerance_ms < 0 or self.max_lag < 0:
+            raise ValueError("future_tolerance and max_lag must be >= 0")
 
 
 class RiskService:
@@ -156,14 +164,23 @@ class RiskService:
         assert self._stream is not None, "start() first"
         dead_before = self._stream.dead_letters
         taken: dict[str, int] = {}
-        for d in self._stream.poll(self.config.poll_timeout_s, self.config.max_records):
+        polled = self._stream.poll(self.config.poll_timeout_s, self.config.max_records)
+        receipt = self.clock()
+        future_ms = self.config.future_tolerance_ms
+        past_ms = self.config.lateness_ms + self.engines.tolerance_ms
+        for d in polled:
             m = d.message
             state = self._states.get(m.partition)
             if state is None:
                 continue
-            state.add(m.topic, m.offset, d.records)
+            records = d.records
+            why = time_anomaly(state, m.topic, records, receipt, future_ms=future_ms, past_ms=past_ms)
+            if why is not None:
+                self._stream.dead_letter(m, why)
+                records = []  # its offset is still taken: the commit passes it
+            state.add(m.topic, m.offset, records)
             self._dirty.add(m.partition)
-            taken[m.topic] = taken.get(m.topic, 0) + len(d.records)
+            taken[m.topic] = taken.get(m.topic, 0) + len(records)
         for topic, n in taken.items():  # one metric update per topic and poll, not per message
             self.metrics.records.labels(topic=topic).inc(n)
         self.metrics.dead_letters.inc(self._stream.dead_letters - dead_before)
@@ -213,12 +230,16 @@ class RiskService:
             # the engine answers at ticks from the buckets before them: asking at the tick after the
             # boundary reads the current, partial bucket too, which holds exactly the records <= boundary
             as_of = -(-boundary // self.engines.tick_ms) * self.engines.tick_ms
+            horizon = -(-limit // self.config.score_every_ms) * self.config.score_every_ms
             tick = []
             for p, state in sorted(self._states.items()):
                 if state.next_boundary == boundary:
                     state.close(boundary)
                     self._dirty.add(p)
-                    tick.append(state.engine.features_at(as_of, peers=False))  # finish() compares all
+                    rows_of_p = state.engine.features_at(as_of, peers=False)  # finish() compares all
+                    if not len(rows_of_p):
+                        state.skip_idle(as_of, horizon)
+                    tick.append(rows_of_p)
             frame = self.engines.finish(pd.concat(tick, ignore_index=True))  # peers: every node
             away = set().union(*(s.away_at(boundary) for s in self._states.values()))
             if away:
@@ -325,7 +346,15 @@ class RiskService:
 
     # ---- what the API asks ---------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
-        """(ready, reason): ready once a model is loaded and the consumer has caught up once."""
+        """(ready, reason): ready while a model is loaded, the consumer has caught up once (lag at
+        most ``ready_lag``), a broker is reachable and the consumer is at most ``max_lag`` messages
+        behind its topics.
+
+        Why the last two: scores go stale both while no broker answers and while the service is far
+        behind (it scores event time, so it then publishes old boundaries): a load balancer or an
+        operator must not take either for a working service. Called from the API's thread; every
+        check reads state the loop keeps current, or asks the consumer without blocking.
+        """
         if self.model is None:
             return False, "no model loaded"
         if self.error is not None:
@@ -334,6 +363,14 @@ class RiskService:
             return False, "waiting for a partition assignment from the consumer group"
         if not self._caught_up:
             return False, "consumer has not caught up with the telemetry topics yet"
+        stream = self._stream
+        reachable = getattr(stream.consumer, "reachable", None) if stream is not None else None
+        if reachable is not None and not reachable():
+            return False, "broker unreachable: the consumer has no connection to any Kafka broker"
+        lag = self.lag_records
+        if lag is not None and lag > self.config.max_lag:
+            bound = self.config.max_lag
+            return False, f"consumer is {lag:,} messages behind its topics (ready at {bound:,} or fewer)"
         return True, "ready"
 
     def score_rows(self, frame: pd.DataFrame) -> list[RiskScore]:

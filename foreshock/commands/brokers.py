@@ -10,9 +10,13 @@ from ingest.contract import Topic
 
 
 def connect_kafka(
-    bootstrap: str, command: str, topics: Sequence[str] = Topic.ALL, client_id: str | None = None
+    bootstrap: str, command: str, topics: Sequence[str] = Topic.ALL, client_id: str | None = None,
+    producer_config: dict | None = None,
 ):
-    """Create any missing ``topics`` and return a KafkaBus; exit 1, in one sentence, if unreachable."""
+    """Create any missing ``topics`` and return a KafkaBus; exit 1, in one sentence, if unreachable.
+
+    ``producer_config`` overrides the bus's producer settings (a collector passes
+    :data:`ingest.kafka_bus.BOUNDED_PRODUCER`)."""
     from kafka.errors import KafkaError
 
     from ingest.kafka_bus import KafkaBus, ensure_topics
@@ -22,4 +26,4 @@ def connect_kafka(
     except KafkaError as exc:
         typer.echo(f"foreshock {command}: cannot reach Kafka at {bootstrap} ({exc}).", err=True)
         raise typer.Exit(1) from None
-    return KafkaBus(bootstrap, client_id=client_id or f"foreshock-{command}")
+    return KafkaBus(bootstrap, client_id=client_id or f"foreshock-{command}", producer_config=producer_config)

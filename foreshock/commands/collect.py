@@ -1,9 +1,14 @@
 """``foreshock collect`` (run a collector until stopped) and ``foreshock parse`` (normalize a captured file).
 
 Collectors come from :mod:`ingest.collectors` by name; this module only wires the outside world
-in (paths, URL, clock, the bus) and runs the loop: poll, publish, sleep until the next interval.
-SIGTERM or SIGINT stops the loop; the collector's held-back records (folded Xid counts) are
-drained and published, the bus is flushed, and the process exits 0.
+in (paths, URL, clock, the bus) and runs the loop: poll, queue, sleep until the next interval.
+With ``--kafka`` the loop never waits on the broker: each poll's messages go into an
+:class:`ingest.outbox.Outbox` (memory, then ``--spool-dir`` on disk, both bounded; a full buffer
+drops the oldest polls and counts them), and its sender thread delivers them in order whenever the
+broker answers. SIGTERM or SIGINT stops the loop; the collector's held-back records (folded Xid
+counts) are drained and queued, the outbox gets ``--flush-timeout`` to deliver what is left (the
+rest stays in the spool, or is counted as unsent), one line on stderr says what was collected,
+delivered and dropped, and the process exits 0.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 import typer
 
 from foreshock.commands.durations import option_seconds as _seconds
+from foreshock.commands.sizes import option_bytes
 from ingest.collectors import (
     CollectorOptions,
     CollectorUnavailable,
@@ -29,6 +35,8 @@ from ingest.collectors import (
 )
 from ingest.collectors.xid_policy import load_xid_policy
 from ingest.contract import TELEMETRY_TOPICS, encode
+from ingest.outbox import Outbox
+from ingest.spool import Message, Spool
 
 __all__ = ["register", "run_collector"]
 
@@ -68,19 +76,36 @@ def _stdout_sink(records: list[Any]) -> None:
     out.flush()
 
 
-def _kafka_sink(bootstrap: str, source: str) -> tuple[Callable[[list[Any]], None], Callable[[], None]]:
-    """Publish each poll's records (one message per topic and node) and flush; exit 1 if unreachable."""
-    from foreshock.commands.brokers import connect_kafka
+class _Messages:
+    """A bus that only keeps what it is sent, so a poll's grouping into messages is ``publish``'s own."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def send(self, topic: str, key: str, value: bytes) -> None:
+        self.messages.append((topic, key, value))
+
+
+def _messages(records: list[Any]) -> list[Message]:
+    """One message per (topic, node) holding all of that node's records, as ``ingest.stream.publish``."""
     from ingest.stream import publish
 
-    bus = connect_kafka(bootstrap, "collect", TELEMETRY_TOPICS, client_id=f"foreshock-collect-{source}")
+    out = _Messages()
+    publish(out, records)
+    return out.messages
 
-    def sink(records: list[Any]) -> None:
-        if records:
-            publish(bus, records)
-            bus.flush()
 
-    return sink, bus.close
+def _kafka_outbox(bootstrap: str, source: str, memory_bytes: int, spool_dir: Path | None,
+                  spool_bytes: int) -> tuple[Outbox, Any]:
+    """A started outbox delivering to Kafka through a producer whose every wait is bounded; exit 1
+    if the broker is unreachable at start."""
+    from foreshock.commands.brokers import connect_kafka
+    from ingest.kafka_bus import BOUNDED_PRODUCER
+
+    bus = connect_kafka(bootstrap, "collect", TELEMETRY_TOPICS, client_id=f"foreshock-collect-{source}",
+                        producer_config=BOUNDED_PRODUCER)
+    spool = Spool(spool_dir, spool_bytes) if spool_dir is not None else None
+    return Outbox(bus.deliver, memory_bytes=memory_bytes, spool=spool).start(), bus
 
 
 def run_collector(collector: Any, sink: Callable[[list[Any]], None], interval_s: float,
@@ -124,6 +149,17 @@ def register(app: typer.Typer) -> None:
         fold_window: str = typer.Option("10s", "--fold-window", help="Identical Xids within this "
                                         "window are folded into one counted event."),
         polls: int = typer.Option(None, "--polls", help="Stop after this many polls (smoke runs)."),
+        buffer: str = typer.Option("16MiB", "--buffer", help="--kafka: memory for polls the broker has "
+                                   "not acknowledged yet (an outage's backlog), before --spool-dir."),
+        spool_dir: Path = typer.Option(None, "--spool-dir", help="--kafka: directory for the backlog "
+                                       "that does not fit in --buffer; kept across restarts and sent "
+                                       "first by the next start."),
+        spool_size: str = typer.Option("1GiB", "--spool-size", help="--kafka: most disk --spool-dir "
+                                       "takes. When memory and spool are full the oldest polls are "
+                                       "dropped, counted and logged."),
+        flush_timeout: str = typer.Option("10s", "--flush-timeout", help="--kafka: on SIGTERM, time to "
+                                          "deliver the backlog; what is left stays in --spool-dir or is "
+                                          "reported as unsent."),
     ) -> None:
         """Run a collector until stopped (SIGTERM flushes and exits 0)."""
         if (kafka is None) == (not stdout):
@@ -131,11 +167,16 @@ def register(app: typer.Typer) -> None:
         if node is None and source not in _CLUSTER_WIDE:
             raise typer.BadParameter(f"--source {source.value} needs --node", param_hint="--node")
         interval_s = _seconds(interval, "--interval")
+        flush_s = _seconds(flush_timeout, "--flush-timeout")
+        memory_bytes, spool_bytes = option_bytes(buffer, "--buffer"), option_bytes(spool_size, "--spool-size")
         _check_policy(xid_policy)
         options = CollectorOptions(node=node or "", path=path, url=url, journal=journal,
                                    xid_policy_override=xid_policy,
                                    fold_window_ms=int(_seconds(fold_window, "--fold-window") * 1000))
-        sink, close_sink = _kafka_sink(kafka, source.value) if kafka is not None else (_stdout_sink, None)
+        outbox, bus = (_kafka_outbox(kafka, source.value, memory_bytes, spool_dir, spool_bytes)
+                       if kafka is not None else (None, None))
+        sink = _stdout_sink if outbox is None else (
+            lambda records: outbox.put(_messages(records), len(records)))
         try:
             try:
                 collector = create_collector(source.value, options)
@@ -149,8 +190,11 @@ def register(app: typer.Typer) -> None:
                        f"{'kafka ' + kafka if kafka else 'stdout'}", err=True)
             run_collector(collector, sink, interval_s, stop, polls)
         finally:
-            if close_sink is not None:
-                close_sink()
+            if outbox is not None:
+                summary = outbox.close(flush_s)
+                # What is still unacknowledged was spooled or counted above: no more waiting for it.
+                bus.close(timeout_s=0.0 if summary.records_unsent or summary.records_spooled else 1.0)
+                typer.echo(f"foreshock collect: {summary.line()}", err=True)
 
     @app.command("parse")
     def parse(

@@ -19,6 +19,7 @@ from pathlib import Path
 import typer
 
 from foreshock.commands.durations import option_ms
+from foreshock.commands.sizes import option_bytes
 
 
 def read_token(token_file: Path | None) -> str | None:
@@ -49,7 +50,16 @@ def serve(
     score_every: str = typer.Option("10s", "--score-every", help="scoring period, in event time"),
     lateness: str = typer.Option("0s", "--lateness",
                                  help="how far a record may trail its log and still count"),
-    tolerance: str = typer.Option("60s", "--tolerance", help="out-of-order allowance of the feature engine"),
+    tolerance: str = typer.Option(
+        "60s", "--tolerance", help="out-of-order allowance of the feature engine; a record further behind "
+        "its log than --lateness + --tolerance is dead-lettered"),
+    future_tolerance: str = typer.Option(
+        "5m", "--future-tolerance",
+        help="a record dated more than this after its receipt (wall clock) is dead-lettered"),
+    max_lag: int = typer.Option(10_000, "--max-lag", min=0,
+                                help="messages behind the topics beyond which /readyz answers 503"),
+    max_body: str = typer.Option("1MiB", "--max-body",
+                                 help="largest HTTP request body; a larger one is refused with 413 unread"),
     group: str = typer.Option("foreshock-predictor", "--group", help="Kafka consumer group"),
     checkpoint_dir: Path | None = typer.Option(
         None, "--checkpoint-dir", help="shared by the group's processes; default with --kafka: "
@@ -99,7 +109,9 @@ def serve(
                            lateness_ms=option_ms(lateness, "--lateness"),
                            checkpoint_every_s=option_ms(checkpoint_every, "--checkpoint-every") / 1000,
                            reload_every_s=option_ms(reload_every, "--reload-every") / 1000,
-                           max_records=max_poll_records)
+                           max_records=max_poll_records, max_lag=max_lag,
+                           future_tolerance_ms=option_ms(future_tolerance, "--future-tolerance"))
+    max_body_bytes = option_bytes(max_body, "--max-body")
     store = CheckpointStore(checkpoint_dir, engines.load) if checkpoint_dir else None
     try:
         service = RiskService(bus, engines, model_source(model, tracking_uri), config=config,
@@ -112,8 +124,8 @@ def serve(
     # keeps each full collection to what the loop allocates, so API answers do not wait on it.
     gc.freeze()
     stop = threading.Event()
-    server = uvicorn.Server(uvicorn.Config(create_app(service, token=token), host=host, port=port,
-                                           log_level="warning", access_log=False))
+    app = create_app(service, token=token, max_body_bytes=max_body_bytes)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
 
     def run_loop() -> None:
         try:

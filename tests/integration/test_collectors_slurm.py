@@ -91,7 +91,7 @@ def test_the_mitigators_drain_is_closed_by_the_collectors_repaired(slurm_cluster
     from mitigator.schedulers import SlurmAdapter
     from mitigator.service import MitigationService
 
-    engine = MitigationEngine(fleet_size=3)
+    engine = MitigationEngine(fleet_size=3, clock=lambda: 2_000)  # received when scored
     executor = Executor(AuditLog(tmp_path / "audit.sqlite"), scheduler=SlurmAdapter(env=slurm_cluster.env))
     service = MitigationService(InMemoryBus(), engine, executor)
     poll = SinfoPoll(env=slurm_cluster.env)

@@ -50,7 +50,7 @@ def test_cli_dry_run_records_what_it_would_do_and_touches_nothing(kafka_bootstra
             sys.executable,
             "-m",
             "foreshock",
-            "mitigate",
+            "mitigate", "--metrics-port", "0",
             "--kafka",
             kafka_bootstrap,
             "--scheduler",

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
 
+from ingest.bus import InMemoryBus
 from ingest.contract import RiskScore
+from ingest.stream import now_ms
 from mitigator.audit import AuditLog
 from mitigator.engine import MitigationEngine
 from mitigator.executor import Executor
 from mitigator.policy import ExpectedLossPolicy, PolicyConfig
 from mitigator.schedulers import SchedulerError, SlurmAdapter
+from mitigator.service import MitigationService
 
 pytestmark = pytest.mark.integration
 
@@ -37,9 +41,22 @@ def test_drain_and_undrain_show_in_sinfo(slurm_cluster):
     adapter.set_drained("node2", False, "repaired")  # resuming an idle node is a success too
 
 
-def test_unknown_node_is_an_error(slurm_cluster):
-    with pytest.raises(SchedulerError):
+def test_unknown_node_is_a_permanent_error(slurm_cluster):
+    with pytest.raises(SchedulerError) as err:
         SlurmAdapter(env=slurm_cluster.env).set_drained("node99", True, "x")
+    assert err.value.permanent
+
+
+def test_the_drained_nodes_with_foreshocks_mark_are_read_back(slurm_cluster):
+    adapter = SlurmAdapter(env=slurm_cluster.env)
+    adapter.set_drained("node1", True, "p=0.9")  # marked "foreshock: p=0.9"
+    subprocess.run(["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=operator: bad fan"],
+                   env=slurm_cluster.env, check=True, timeout=30)
+    try:
+        assert adapter.foreshock_drained() == {"node1"}
+    finally:
+        for node in ("node1", "node2"):
+            adapter.set_drained(node, False, "cleanup")
 
 
 def test_policy_drains_through_slurm_and_dry_run_does_not(slurm_cluster, tmp_path):
@@ -50,11 +67,10 @@ def test_policy_drains_through_slurm_and_dry_run_does_not(slurm_cluster, tmp_pat
             scheduler=SlurmAdapter(env=slurm_cluster.env),
             dry_run=dry_run,
         )
+        service = MitigationService(InMemoryBus(), engine, executor)
+        t0 = now_ms()
         for i, p in enumerate([0.9, 0.95]):
-            for o in executor.apply(
-                engine.observe(RiskScore(node="node3", ts=1000 + i, probability=p, alert=True, threshold=0.8))
-            ):
-                engine.settle(o.action, o.succeeded)
+            service.handle(RiskScore(node="node3", ts=t0 + i, probability=p, alert=True, threshold=0.8))
 
     run(dry_run=True)
     assert slurm_cluster.states()["node3"] == "idle"

@@ -8,6 +8,7 @@ import pytest
 from ingest.contract import (
     GPU_FIELDS,
     RECORD_TYPES,
+    SCHEMA_VERSION,
     DeadLetter,
     GpuSample,
     LinkSample,
@@ -63,7 +64,6 @@ def test_gpu_fields_are_numeric_contract_columns():
         (b'{"v":1,"ts":1,"gpu":0}', "node"),
         (b'{"v":1,"node":"","ts":1,"gpu":0}', "$.node"),
         (b'{"v":1,"node":"n1","ts":1,"gpu":0,"gpu_temp":"hot"}', "$.gpu_temp"),
-        (b'{"v":1,"node":"n1","ts":1,"gpu":0,"surprise":1}', "surprise"),
         (b'[{"v":1,"node":"n1","ts":1,"gpu":0},{"v":1,"node":"n1","ts":"x","gpu":0}]', "$[1].ts"),
     ],
 )
@@ -83,3 +83,42 @@ def test_dead_letter_keeps_original_bytes():
     letter = DeadLetter(ts=1, topic=Topic.GPU, partition=2, offset=9, key="n1", reason="bad",
                         value=b"\xff\x00")
     assert msgspec.json.decode(encode(letter), type=DeadLetter).value == b"\xff\x00"
+
+
+_EVERY_KIND = [*SAMPLES, DeadLetter.of(ts=1, topic=Topic.GPU, partition=0, offset=3, key="n1", reason="bad",
+                                       value=b"{")]
+
+
+@pytest.mark.parametrize("record", _EVERY_KIND, ids=lambda r: type(r).__name__)
+def test_the_schema_version_is_on_the_wire_in_every_record(record):
+    # a consumer in another language reads the version from the bytes, not from our defaults
+    for data in (encode(record), encode([record, record])):
+        decoded = msgspec.json.decode(data)
+        for item in decoded if isinstance(decoded, list) else [decoded]:
+            assert item["v"] == SCHEMA_VERSION
+
+
+def test_a_record_without_a_version_from_an_older_producer_still_decodes_as_v1():
+    [record] = decode(Topic.GPU, b'{"node":"n1","ts":1,"gpu":0,"gpu_temp":50.0}')
+    assert record.v == SCHEMA_VERSION and record.gpu_temp == 50.0
+
+
+def test_a_newer_producers_extra_field_is_ignored_and_the_known_fields_still_checked():
+    [record] = decode(Topic.GPU, b'{"v":1,"node":"n1","ts":1,"gpu":0,"gpu_temp":50.0,"added_in_v1_5":[1]}')
+    assert record == GpuSample(node="n1", ts=1, gpu=0, gpu_temp=50.0)
+    with pytest.raises(RecordError, match=r"\$\.gpu_temp"):
+        decode(Topic.GPU, b'{"v":1,"node":"n1","ts":1,"gpu":0,"gpu_temp":"hot","added":1}')
+    score = b'{"v":1,"node":"n1","ts":1,"probability":0.5,"alert":false,"threshold":0.5,' \
+            b'"top_features":[{"name":"f","value":1.0,"contribution":0.1,"rank":1}]}'
+    assert decode(Topic.RISK, score)[0].top_features[0].name == "f"
+
+
+@pytest.mark.parametrize("topic, payload", [
+    (Topic.GPU, b'{"v":2,"node":"n1","ts":1,"gpu":0}'),
+    (Topic.RISK, b'[{"v":7,"node":"n1","ts":1,"probability":0.5,"alert":false,"threshold":0.5}]'),
+])
+def test_a_higher_major_version_is_refused_with_a_reason_naming_it(topic, payload):
+    with pytest.raises(RecordError) as info:
+        decode(topic, payload)
+    assert "unsupported schema version" in info.value.reason and "v1" in info.value.reason
+    assert ".v`" in info.value.reason

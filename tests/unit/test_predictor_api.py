@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -118,3 +120,86 @@ def test_health_reports_a_dead_loop(service):
         assert "boom" in client.get("/readyz").json()["reason"]
     finally:
         service.error = None
+
+
+BIG = 23 * 10**6  # the unauthenticated body that used to be read and parsed before the 401
+
+
+def _raw_post(app, headers: list[tuple[bytes, bytes]], chunks: list[bytes]) -> tuple[int, int, bytes]:
+    """POST /v1/score straight into the ASGI app; returns (status, body bytes the app pulled, answer)."""
+    pulled = 0
+    pending = list(chunks)
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        nonlocal pulled
+        chunk = pending.pop(0) if pending else b""
+        pulled += len(chunk)
+        return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/score", "raw_path": b"/v1/score", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+             "headers": [(b"host", b"test"), (b"content-type", b"application/json"), *headers]}
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], pulled, body
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read_and_before_auth(service, client):
+    big = b'{"rows": [' + b" " * (BIG - 12) + b"]}"
+    r = client.post("/v1/score", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "1,048,576 bytes" in r.json()["detail"]  # not 401: nothing parsed
+    assert client.post("/v1/score", content=big, headers={**AUTH, "Content-Type": "application/json"}
+                       ).status_code == 413
+    app = create_app(service, token=TOKEN)
+    status, pulled, _ = _raw_post(app, [(b"content-length", str(BIG).encode())], [b" " * (1 << 16)] * 360)
+    assert (status, pulled) == (413, 0)  # refused from the header alone
+    # without a Content-Length (chunked), it stops reading once past the limit
+    status, pulled, body = _raw_post(app, [], [b" " * (1 << 16)] * 360)
+    assert status == 413 and pulled <= (1 << 20) + (1 << 16) and b"over" in body
+    # the limit is the caller's: a small one refuses a valid request, a request under it is served
+    small = TestClient(create_app(service, token=TOKEN, max_body_bytes=64))
+    one = {"rows": [{n: 0.0 for n in service.model.feature_names}]}
+    assert small.post("/v1/score", json=one, headers=AUTH).status_code == 413
+    assert client.post("/v1/score", json=one, headers=AUTH).status_code == 200
+
+
+def test_the_openapi_schema_lists_the_error_answers_and_metrics_as_text(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    score = paths["/v1/score"]["post"]["responses"]
+    assert {"400", "401", "403", "413", "422", "503"} <= set(score)
+    assert score["413"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorDetail")
+    assert "404" in paths["/v1/nodes/{node}"]["get"]["responses"]
+    assert "503" in paths["/readyz"]["get"]["responses"] and "503" in paths["/v1/model"]["get"]["responses"]
+    metrics = paths["/metrics"]["get"]["responses"]["200"]["content"]
+    assert set(metrics) == {"text/plain"}  # not documented as JSON
+    assert client.get("/metrics").headers["content-type"].startswith("text/plain")
+
+
+def test_not_ready_while_far_behind_the_topics_or_without_a_broker(risk_model_dir):
+    bus = InMemoryBus(partitions=2)
+    svc = RiskService(bus, OnlineEngines(DEFAULT_FEATURE_SET), PathModelSource(risk_model_dir),
+                      config=ServiceConfig(score_every_ms=5 * 60_000, max_lag=50, max_records=10)).start()
+    api = TestClient(create_app(svc, token=TOKEN))
+    stream(simulator(minutes=10), bus)
+    for _ in range(400):
+        svc.run_once()
+        if svc.lag_records == 0:
+            break
+    assert api.get("/readyz").json() == {"ready": True, "reason": "ready"}
+    stream(simulator(minutes=30, start_ms=simulator(minutes=10).end_ms), bus)  # a burst: ~800 messages
+    svc.run_once()
+    r = api.get("/readyz")
+    assert r.status_code == 503 and "messages behind its topics (ready at 50 or fewer)" in r.json()["reason"]
+    assert b"foreshock_predictor_ready 0.0" in svc.metrics.render()
+    while svc.lag_records > 50:
+        svc.run_once()
+    assert api.get("/readyz").status_code == 200  # back within the bound: ready again
+    svc._stream.consumer.reachable = lambda: False  # what KafkaConsumerMember says with no broker up
+    r = api.get("/readyz")
+    assert r.status_code == 503 and r.json()["reason"].startswith("broker unreachable")
