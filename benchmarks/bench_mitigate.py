@@ -50,8 +50,10 @@ def policy_throughput(records: list[RiskScore], work: Path) -> tuple[float, floa
         publish(bus, records)
         t0 = time.perf_counter()
         if full:
-            service = MitigationService(bus, MitigationEngine(fleet_size=len({r.node for r in records})),
-                                        Executor(AuditLog(work / "bench-audit.sqlite", bus=bus)))
+            end = max(r.ts for r in records)  # all received at the end: none rejected for its time
+            engine = MitigationEngine(fleet_size=len({r.node for r in records}), clock=lambda end=end: end,
+                                      horizon_ms=end - min(r.ts for r in records) + 1)
+            service = MitigationService(bus, engine, Executor(AuditLog(work / "bench-audit.sqlite", bus=bus)))
             while service.poll_once(0.0):
                 pass
         else:
