@@ -3,8 +3,9 @@
 SQLite is the durable record (one row per status change, committed before the call returns) and
 the source of truth for idempotency: an action id that already *succeeded* is never executed again,
 even after a restart, and for the cold start (:mod:`mitigator.coldstart`). The bus copy lets
-dashboards and other services follow along. ``started`` is kept in SQLite only: on the bus, a
-job-bound command's ``started`` record is the command itself (see
+dashboards and other services follow along; it is sent, not waited for (the producer delivers it
+within its linger, and at close), so a broker outage never holds an action. ``started`` is kept
+in SQLite only: on the bus, a job-bound command's ``started`` record is the command itself (see
 :class:`mitigator.channels.TopicChannel`), so it is not published twice.
 
 A log that cannot be opened or written raises :class:`AuditUnavailable` with one clear line: the
@@ -89,8 +90,7 @@ class AuditLog:
                 ),
             )
         if self.bus is not None and event.status != "started":
-            publish(self.bus, [event])
-            self.bus.flush()
+            publish(self.bus, [event])  # no flush: a broker outage must not hold the mitigator
 
     def probe(self) -> None:
         """Commit a write (raises :class:`AuditUnavailable`): can the log take the next record?"""
