@@ -17,17 +17,17 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 kafka-jars: install
-	$(PY) -m ingest.kafka_local fetch
+	$(PY) -m foreshock.ingest.kafka_local fetch
 
 # System services the integration tests need that pip cannot give (Slurm, munge).
 services: kafka-jars
 	bash scripts/install-services.sh
 
 kafka-up: kafka-jars
-	@$(PY) -m ingest.kafka_local up
+	@$(PY) -m foreshock.ingest.kafka_local up
 
 kafka-down: install
-	@$(PY) -m ingest.kafka_local down
+	@$(PY) -m foreshock.ingest.kafka_local down
 
 lint: install
 	$(PY) -m ruff check .

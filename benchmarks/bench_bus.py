@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ingest.contract import GpuSample, Topic, encode  # noqa: E402
-from ingest.kafka_bus import KafkaBus, ensure_topics  # noqa: E402
-from ingest.kafka_local import LocalKafka, fetch_jars  # noqa: E402
-from ingest.stream import RecordStream, publish  # noqa: E402
+from foreshock.ingest.contract import GpuSample, Topic, encode  # noqa: E402
+from foreshock.ingest.kafka_bus import KafkaBus, ensure_topics  # noqa: E402
+from foreshock.ingest.kafka_local import LocalKafka, fetch_jars  # noqa: E402
+from foreshock.ingest.stream import RecordStream, publish  # noqa: E402
 
 GPUS = 8
 

@@ -58,11 +58,11 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from mitigator.tiers.durable import durable_view  # noqa: E402
-from mitigator.tiers.layout import pack, plan_layout, unpack  # noqa: E402
-from mitigator.tiers.memory import SlotHeader, SlotPair, chunk_crcs  # noqa: E402
-from mitigator.tiers.state import TrainState  # noqa: E402
-from mitigator.tiers.transport import ProcessGroupTransport, recv_snapshot, send_snapshot  # noqa: E402
+from foreshock.mitigator.tiers.durable import durable_view  # noqa: E402
+from foreshock.mitigator.tiers.layout import pack, plan_layout, unpack  # noqa: E402
+from foreshock.mitigator.tiers.memory import SlotHeader, SlotPair, chunk_crcs  # noqa: E402
+from foreshock.mitigator.tiers.state import TrainState  # noqa: E402
+from foreshock.mitigator.tiers.transport import ProcessGroupTransport, recv_snapshot, send_snapshot  # noqa: E402
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # dcp in one process: meant
 

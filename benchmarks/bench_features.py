@@ -25,11 +25,11 @@ import time
 import numpy as np
 import pandas as pd
 
-from features import DEFAULT_FEATURE_SET
-from features.batch import compute_features
-from features.online import OnlineFeatureEngine
-from features.spec import GPU_COUNTERS
-from ingest.contract import GPU_FIELDS, LINK_COUNTERS
+from foreshock.features import DEFAULT_FEATURE_SET
+from foreshock.features.batch import compute_features
+from foreshock.features.online import OnlineFeatureEngine
+from foreshock.features.spec import GPU_COUNTERS
+from foreshock.ingest.contract import GPU_FIELDS, LINK_COUNTERS
 
 T0 = 1_767_225_600_000
 INTERVAL = 30_000

@@ -13,9 +13,9 @@ import argparse
 import time
 from pathlib import Path
 
-from models.goodput import JobParams, OperatingPoint, from_profile, load_profile, run_strategies, simulate
-from models.goodput.simulate import reference_periodic_ettr
-from models.reliability import daly_interval_seconds
+from foreshock.models.goodput import JobParams, OperatingPoint, from_profile, load_profile, run_strategies, simulate
+from foreshock.models.goodput.simulate import reference_periodic_ettr
+from foreshock.models.reliability import daly_interval_seconds
 
 PROFILE = Path(__file__).resolve().parents[1] / "datasets" / "profiles" / "llama3.toml"
 

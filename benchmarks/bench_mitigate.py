@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_mitigate.py [--quick]
 
-1. Fire drill (:mod:`mitigator.drill`): the drill job under torchrun elastic (A and B train, C is
+1. Fire drill (:mod:`foreshock.mitigator.drill`): the drill job under torchrun elastic (A and B train, C is
    the spare). Warned: a risk record crosses the threshold on B → the mitigator migrates → figures:
    alert → state in the buddy's memory, alert → training resumed on the spare, steps/seconds lost.
    Baseline: B dies unannounced in the same run (steps/seconds lost since the last snapshot it
@@ -21,14 +21,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ingest.bus import InMemoryBus  # noqa: E402
-from ingest.contract import RiskScore, Topic  # noqa: E402
-from ingest.stream import RecordStream, publish  # noqa: E402
-from mitigator.audit import AuditLog  # noqa: E402
-from mitigator.drill import DrillSettings, run_scenario  # noqa: E402
-from mitigator.engine import MitigationEngine  # noqa: E402
-from mitigator.executor import Executor  # noqa: E402
-from mitigator.service import MitigationService  # noqa: E402
+from foreshock.ingest.bus import InMemoryBus  # noqa: E402
+from foreshock.ingest.contract import RiskScore, Topic  # noqa: E402
+from foreshock.ingest.stream import RecordStream, publish  # noqa: E402
+from foreshock.mitigator.audit import AuditLog  # noqa: E402
+from foreshock.mitigator.drill import DrillSettings, run_scenario  # noqa: E402
+from foreshock.mitigator.engine import MitigationEngine  # noqa: E402
+from foreshock.mitigator.executor import Executor  # noqa: E402
+from foreshock.mitigator.service import MitigationService  # noqa: E402
 
 
 def risk_stream(nodes: int, rounds: int) -> list[RiskScore]:

@@ -18,10 +18,10 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from features import DEFAULT_FEATURE_SET
-from models.artifact import RiskModel
-from models.baselines import LogisticBaseline
-from models.train import DEFAULT_PARAMS, PRIOR_WEIGHT, forced_bins_file, monotone_directions
+from foreshock.features import DEFAULT_FEATURE_SET
+from foreshock.models.artifact import RiskModel
+from foreshock.models.baselines import LogisticBaseline
+from foreshock.models.train import DEFAULT_PARAMS, PRIOR_WEIGHT, forced_bins_file, monotone_directions
 
 
 def _data(rows: int, names: list[str], seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:

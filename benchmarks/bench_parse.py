@@ -28,9 +28,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.collectors.dcgm import parse_exposition
-from ingest.collectors.kernel_log import KernelLineParser
-from ingest.collectors.xid_policy import load_xid_policy
+from foreshock.ingest.collectors.dcgm import parse_exposition
+from foreshock.ingest.collectors.kernel_log import KernelLineParser
+from foreshock.ingest.collectors.xid_policy import load_xid_policy
 
 DATA = Path(__file__).parents[1] / "tests" / "data" / "collectors"
 _NAIVE = re.compile(r"NVRM: Xid \((.*?)\): (\d+), (.*)")

@@ -35,8 +35,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ingest.contract import GpuSample, Topic, encode  # noqa: E402
-from ingest.stream import now_ms  # noqa: E402
+from foreshock.ingest.contract import GpuSample, Topic, encode  # noqa: E402
+from foreshock.ingest.stream import now_ms  # noqa: E402
 
 GPUS = 8
 _TS = 1_111_111_111_111  # placeholder time stamp in the pre-encoded scrapes
@@ -52,7 +52,7 @@ def _template(node: int) -> bytes:
 def role_telemetry(bootstrap: str, nodes: int, seconds: float, per_s: float) -> None:
     """Publish scrapes round-robin over the nodes, paced evenly and each stamped when sent, as
     nodes that scrape on their own timers would; bounded by time and count."""
-    from ingest.kafka_bus import KafkaBus
+    from foreshock.ingest.kafka_bus import KafkaBus
 
     bus = KafkaBus(bootstrap, client_id="bench-telemetry")
     templates = [(f"node{n:04d}", _template(n)) for n in range(nodes)]
@@ -121,8 +121,8 @@ def _pct(values: list[float], q: float) -> float:
 
 def _train_model(tmp: Path) -> Path:
     from foreshock.commands.simulate import profile_path
-    from ingest.simulator import Simulator, load_profile, write_dataset
-    from models.train import train_from_dataset
+    from foreshock.ingest.simulator import Simulator, load_profile, write_dataset
+    from foreshock.models.train import train_from_dataset
 
     sim = Simulator(load_profile(profile_path("llama3")), nodes=12, duration_ms=86_400_000,
                     interval_ms=60_000, seed=1, rate_multiplier=300)
@@ -132,8 +132,8 @@ def _train_model(tmp: Path) -> Path:
 
 def _decode_only_rate(bootstrap: str, seconds: float) -> float:
     """Baseline: GPU samples/s a consumer that only decodes (no features, no model) drains."""
-    from ingest.kafka_bus import KafkaBus
-    from ingest.stream import RecordStream
+    from foreshock.ingest.kafka_bus import KafkaBus
+    from foreshock.ingest.stream import RecordStream
 
     bus = KafkaBus(bootstrap)
     stream = RecordStream(bus, bus.consumer(f"bench-decode-{uuid.uuid4().hex[:6]}", [Topic.GPU]))
@@ -200,8 +200,8 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The service is a ``foreshock serve`` process; this process only orchestrates and watches."""
-    from ingest.kafka_bus import ensure_topics
-    from ingest.kafka_local import LocalKafka, free_port
+    from foreshock.ingest.kafka_bus import ensure_topics
+    from foreshock.ingest.kafka_local import LocalKafka, free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     broker = None if args.kafka else LocalKafka(data_dir=tmp / "kafka").start()

@@ -39,8 +39,8 @@ def worker(kind: str, nodes: int, hours: float) -> dict:
     """One case in this process; returns its figures (wall and CPU seconds, peak RSS)."""
     import numpy as np
 
-    from ingest.contract import GPU_FIELDS
-    from ingest.simulator import Simulator, load_profile, write_dataset
+    from foreshock.ingest.contract import GPU_FIELDS
+    from foreshock.ingest.simulator import Simulator, load_profile, write_dataset
 
     profile = load_profile(ROOT / "datasets" / "profiles" / "llama3.toml")
     sim = Simulator(

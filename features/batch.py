@@ -1,11 +1,11 @@
 """The batch engine: telemetry tables -> one feature row per (node, tick) at a fixed cadence.
 
 Rows are computed per group of nodes (bounded memory; the unit Dask distributes): bucketize
-the group's records (:func:`features.buckets.bucketize`), lay the buckets on a dense
+the group's records (:func:`foreshock.features.buckets.bucketize`), lay the buckets on a dense
 (node, bucket) grid per statistic, and evaluate every feature at every tick through the
 kernel table. A tick ``t`` (a multiple of ``cadence_ms``) sees the records with ``ts < t``;
 a node has a row at ``t`` when it sent a record in ``[t - live_ms, t)``. A node's windows read
-nothing from before its last return to service (:mod:`features.returns`).
+nothing from before its last return to service (:mod:`foreshock.features.returns`).
 
 Reductions take exact shortcuts the online engine cannot: prefix sums for integer-valued
 statistics, max/min by doubling, a running position for ``last``; float sums (mean, std,
@@ -26,13 +26,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.lib.stride_tricks import sliding_window_view
 
-from features.buckets import Carry, bucketize
-from features.default_set import DEFAULT_FEATURE_SET
-from features.frames import KINDS, Codes, needed_columns, to_columns
-from features.kernels import AGGREGATIONS, EXACT_STAT_KINDS, add_peer_features, empty_value, reduce_direct
-from features.returns import return_times, window_floors
-from features.spec import FeatureSet, Reduction
-from ingest.dataset import part_paths, read_events, read_manifest
+from foreshock.features.buckets import Carry, bucketize
+from foreshock.features.default_set import DEFAULT_FEATURE_SET
+from foreshock.features.frames import KINDS, Codes, needed_columns, to_columns
+from foreshock.features.kernels import AGGREGATIONS, EXACT_STAT_KINDS, add_peer_features, empty_value, reduce_direct
+from foreshock.features.returns import return_times, window_floors
+from foreshock.features.spec import FeatureSet, Reduction
+from foreshock.ingest.dataset import part_paths, read_events, read_manifest
 
 __all__ = ["compute_features", "compute_features_dask", "feature_rows", "tick_range", "read_frames"]
 
@@ -184,7 +184,7 @@ def feature_rows(
 ) -> pd.DataFrame:
     """Base features (no peers) of the nodes in ``frames`` at ``ticks``: the per-partition step.
 
-    ``returns`` (``node``, ``ts``: :func:`features.returns.return_times`) start windows afresh
+    ``returns`` (``node``, ``ts``: :func:`foreshock.features.returns.return_times`) start windows afresh
     when ``fs.reset_on_return``; returns of other nodes are ignored."""
     nodes = Codes(sorted(set().union(*(f["node"].unique() for f in frames.values()))) if frames else [])
     if not len(nodes) or not len(ticks):
@@ -316,7 +316,7 @@ def compute_features(
     ``feature_set.bucket_ms``. All records before ``start_ms`` still feed the windows.
     ``peer_groups`` (node -> group, e.g. its job) scopes the peer features; default: the cluster.
     ``events`` (the node-event table; read from ``data_dir`` when not given) says where windows
-    start afresh (:mod:`features.returns`).
+    start afresh (:mod:`foreshock.features.returns`).
     """
     frames = {k: v for k, v in zip(KINDS, (gpu, xid, link), strict=True) if v is not None and len(v)}
     returns = _returns(data_dir, events)

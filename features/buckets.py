@@ -29,8 +29,8 @@ from typing import Final
 
 import numpy as np
 
-from features.kernels import empty_value
-from features.spec import FeatureSet, Stat
+from foreshock.features.kernels import empty_value
+from foreshock.features.spec import FeatureSet, Stat
 
 __all__ = [
     "BucketTable",
@@ -308,7 +308,7 @@ _COMBINE: Final = {
     "last": _newer_present,  # the later fold's rows are the newer ones
 }
 """How a statistic reduced over a fold's rows combines with its value from earlier folds."""
-_KINDS: Final = ("gpu", "xid", "link")  # features.frames.KINDS (that module imports this one)
+_KINDS: Final = ("gpu", "xid", "link")  # foreshock.features.frames.KINDS (that module imports this one)
 _NEVER: Final = np.iinfo(np.int64).min
 
 
@@ -359,7 +359,7 @@ class PartialBuckets:
         return True
 
     def fold(self, gpu: Columns | None, xid: Columns | None, link: Columns | None) -> None:
-        """Fold in records: numeric column dicts with int node codes (see :mod:`features.frames`),
+        """Fold in records: numeric column dicts with int node codes (see :mod:`foreshock.features.frames`),
         one per kind or None. They must :meth:`follows`; within one fold, order does not matter."""
         by_source = {src: [s for s in self.fs.stats if s.source == src] for src in _KINDS}
         parts = []
@@ -431,7 +431,7 @@ def bucketize(
 ) -> BucketTable:
     """Bucket statistics of the given records, folded at once; updates ``carry`` in place.
 
-    Inputs are numeric column dicts with int node codes (see :mod:`features.frames`). Call it
+    Inputs are numeric column dicts with int node codes (see :mod:`foreshock.features.frames`). Call it
     once per run of finalised buckets, in time order.
     """
     partial = PartialBuckets(fs, carry)

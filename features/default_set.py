@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from features.spec import Feature, FeatureSet, PeerFeature
+from foreshock.features.spec import Feature, FeatureSet, PeerFeature
 
 __all__ = ["DEFAULT_FEATURE_SET", "XID_CLASSES", "risk_direction", "RISK_DIRECTIONS"]
 

@@ -13,16 +13,16 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from features.buckets import gpu_columns, link_columns
-from features.spec import FeatureSet
-from ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent
+from foreshock.features.buckets import gpu_columns, link_columns
+from foreshock.features.spec import FeatureSet
+from foreshock.ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent
 
 __all__ = ["KINDS", "EVENTS", "Codes", "needed_columns", "to_columns", "records_to_frames"]
 
 KINDS: Final = ("gpu", "xid", "link")
 """The telemetry kinds that feed bucket statistics."""
 EVENTS: Final = "events"
-"""Node lifecycle events: not telemetry, but they say where windows start (:mod:`features.returns`)."""
+"""Node lifecycle events: not telemetry, but they say where windows start (:mod:`foreshock.features.returns`)."""
 _RECORD_KIND: Final = {GpuSample: "gpu", XidEvent: "xid", LinkSample: "link", NodeEvent: EVENTS}
 
 

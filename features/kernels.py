@@ -1,7 +1,7 @@
 """The one table from aggregation name to kernel, shared by the batch and the online engine.
 
 An :class:`Aggregation` says which bucket statistics it reduces over the window
-(:class:`~features.spec.Reduction`) and how the reduced values become the feature
+(:class:`~foreshock.features.spec.Reduction`) and how the reduced values become the feature
 (``finalize``). The engines only differ in *how* they compute a reduction: the online engine
 reduces the gathered ``(nodes, W)`` window directly (:func:`reduce_direct`); the batch engine
 takes exact shortcuts where the result is provably identical (prefix sums of integer-valued
@@ -21,7 +21,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from features.spec import Feature, FeatureSet, Reduction, Stat
+from foreshock.features.spec import Feature, FeatureSet, Reduction, Stat
 
 __all__ = [
     "AGGREGATIONS",

@@ -3,18 +3,18 @@
 Records wait in a small reorder buffer until the *frontier* passes them: the frontier is the
 bucket boundary at or below ``watermark - tolerance_ms`` (watermark = newest ts seen, over all
 nodes). Buckets behind the frontier are final: their records are bucketized (the same
-:func:`~features.buckets.bucketize` the batch engine runs) into per-node ring buffers that hold
+:func:`~foreshock.features.buckets.bucketize` the batch engine runs) into per-node ring buffers that hold
 the last ``max window + history`` buckets of each statistic, so memory per node is bounded. A
 record older than the frontier is *late*: it is counted (:attr:`late_records`) and dropped.
 
 ``features_at(t)`` does not change state: it reads the rings, plus the statistics of the
-still-open buckets, which are kept on the side (:class:`~features.buckets.PartialBuckets`) and
+still-open buckets, which are kept on the side (:class:`~foreshock.features.buckets.PartialBuckets`) and
 take in each update's records as they come. When every record with ts < floor(t / bucket) *
 bucket has arrived (true once the watermark passes t + tolerance, for streams disordered by at
 most the tolerance), its row for a node equals the batch engine's row at that tick.
 
 Node events bring no statistics, only where a node's windows start (its last return to service,
-:mod:`features.returns`): reads cut the windows, so a return event may arrive late and still
+:mod:`foreshock.features.returns`): reads cut the windows, so a return event may arrive late and still
 count, and the batch row stays the same as long as the event has arrived by the read.
 
 Any ts the contract accepts (0 to 2^53 ms) works, and so does a stream that jumps ahead by more
@@ -32,19 +32,19 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from features.buckets import BucketTable, Carry, PartialBuckets, bucketize
-from features.default_set import DEFAULT_FEATURE_SET
-from features.frames import EVENTS, KINDS, Codes, records_to_frames, to_columns
-from features.kernels import AGGREGATIONS, add_peer_features, empty_value, reduce_direct
-from features.returns import return_times, window_floors
-from features.spec import FeatureSet, Stat
+from foreshock.features.buckets import BucketTable, Carry, PartialBuckets, bucketize
+from foreshock.features.default_set import DEFAULT_FEATURE_SET
+from foreshock.features.frames import EVENTS, KINDS, Codes, records_to_frames, to_columns
+from foreshock.features.kernels import AGGREGATIONS, add_peer_features, empty_value, reduce_direct
+from foreshock.features.returns import return_times, window_floors
+from foreshock.features.spec import FeatureSet, Stat
 
 __all__ = ["OnlineFeatureEngine"]
 
 _FORMAT: Final = "foreshock-online-features/2"
 _KEY_BUCKETS: Final = 1 << 32
-"""Consecutive bucket numbers one :class:`~features.buckets.PartialBuckets` can tell apart: it keys
-a bucket by ``node * 2**32 + bucket`` (``features.buckets._KEY_SHIFT``)."""
+"""Consecutive bucket numbers one :class:`~foreshock.features.buckets.PartialBuckets` can tell apart: it keys
+a bucket by ``node * 2**32 + bucket`` (``foreshock.features.buckets._KEY_SHIFT``)."""
 
 
 def _joined(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
@@ -53,7 +53,7 @@ def _joined(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray] | None
 
 
 class _Buckets:
-    """A :class:`~features.buckets.PartialBuckets` that numbers buckets from ``origin``, not the epoch.
+    """A :class:`~foreshock.features.buckets.PartialBuckets` that numbers buckets from ``origin``, not the epoch.
 
     Why: numbered from the epoch, a bucket number reaches 2^32 at 2^32 buckets (with one-minute
     buckets at ts 257,698,037,760,000, below the contract's 2^53) and then runs into the next
@@ -253,7 +253,7 @@ class OnlineFeatureEngine:
         Every read needs them, and at high rates they hold most records (a tolerance's worth):
         rather than bucketing those again at each read, they are kept from the first read on and
         each update folds its records in, which the fold's rules make exact (see
-        :mod:`features.buckets`). A node's records normally arrive in order; an update with one
+        :mod:`foreshock.features.buckets`). A node's records normally arrive in order; an update with one
         that does not (older than a record of its node already folded, or a duplicate of one)
         discards them instead, and the next read folds every pending record at once. A consumer
         that never reads does not pay for them. They are numbered from 0 while the newest record
@@ -355,7 +355,7 @@ class OnlineFeatureEngine:
         self, s: Stat, w: int, end: int, rows: np.ndarray, open_table: BucketTable, floor: np.ndarray
     ) -> np.ndarray:
         """Buckets [end - w, end) of ``s`` for node codes ``rows`` -> (len(rows), w), oldest first;
-        those before a row's ``floor`` (:mod:`features.returns`) read as empty."""
+        those before a row's ``floor`` (:mod:`foreshock.features.returns`) read as empty."""
         r, i = self._ring_of[s]
         frontier = self._frontier if self._frontier is not None else end
         if end - w < frontier - r:

@@ -2,7 +2,7 @@
 
 A node that comes back from a repair (a ``repaired`` or ``up`` event at ``r``) is a different
 machine as far as its recent past goes: the ECC burst or Xid storm that preceded its failure was
-dealt with. With :attr:`~features.spec.FeatureSet.reset_on_return`, a row at tick ``t > r``
+dealt with. With :attr:`~foreshock.features.spec.FeatureSet.reset_on_return`, a row at tick ``t > r``
 reads only the buckets that begin at or after ``r`` (``ceil(r / bucket_ms)`` onwards); older
 buckets read as empty. Counter increases still run across the return (a counter that kept its
 value adds nothing; one reset by a reboot counts from zero), so nothing here touches the
@@ -16,7 +16,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from ingest.contract import RETURN_EVENTS
+from foreshock.ingest.contract import RETURN_EVENTS
 
 __all__ = ["NO_FLOOR", "return_times", "window_floors"]
 

@@ -8,7 +8,7 @@ features, with a stable :attr:`FeatureSet.hash` that models carry and the predic
 Both engines evaluate a spec the same way: raw records are first reduced to per-node *buckets*
 (``bucket_ms``, one minute by default) of sufficient statistics (:class:`Stat`), then each
 feature reduces the last ``window_ms / bucket_ms`` buckets through the kernel its aggregation
-names in :data:`features.kernels.AGGREGATIONS`. Neither engine holds feature-specific code.
+names in :data:`foreshock.features.kernels.AGGREGATIONS`. Neither engine holds feature-specific code.
 
 >>> Feature("gpu", "gpu_temp", "max", 30 * 60_000).name
 'gpu_temp__max__30m'
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Final, Literal
 
-from ingest.contract import GPU_FIELDS, LINK_COUNTERS
+from foreshock.ingest.contract import GPU_FIELDS, LINK_COUNTERS
 
 __all__ = [
     "GPU_COUNTERS",
@@ -85,7 +85,7 @@ def _format_threshold(value: float) -> str:
 class Stat:
     """One per-bucket sufficient statistic of one source field of one node.
 
-    ``kind`` is one of the bucket statistics :mod:`features.buckets` knows (``n``, ``sum``,
+    ``kind`` is one of the bucket statistics :mod:`foreshock.features.buckets` knows (``n``, ``sum``,
     ``sumsq``, ``max``, ``min``, ``last``, ``above``, ``inc``, ``incgpus``, ``count``,
     ``last_ts``, ``down``, ``records``); ``threshold`` parameterises ``above``/``incgpus``.
     """
@@ -182,7 +182,7 @@ class FeatureSet:
     reset_on_return: bool = True
 
     def __post_init__(self) -> None:
-        from features.kernels import AGGREGATIONS  # the kernel table validates the specs
+        from foreshock.features.kernels import AGGREGATIONS  # the kernel table validates the specs
 
         names = [f.name for f in self.features] + [p.name for p in self.peers]
         if len(set(names)) != len(names):
@@ -252,7 +252,7 @@ class FeatureSet:
 
     def reductions(self, feature: Feature) -> tuple[Reduction, ...]:
         """The window reductions ``feature`` needs, from its aggregation's kernel."""
-        from features.kernels import AGGREGATIONS
+        from foreshock.features.kernels import AGGREGATIONS
 
         return AGGREGATIONS[feature.agg].reductions(feature)
 

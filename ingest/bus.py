@@ -28,7 +28,7 @@ it returns any record, so a stateful consumer can restore state and ``seek`` (Ka
 @dataclass(frozen=True, slots=True)
 class Message:
     """One message as consumed: where it sits in the log and its raw bytes (None: a tombstone,
-    which any Kafka producer may write; :func:`ingest.contract.decode` refuses it)."""
+    which any Kafka producer may write; :func:`foreshock.ingest.contract.decode` refuses it)."""
 
     topic: str
     partition: int

@@ -168,7 +168,7 @@ class XidEvent(_Record):
     count: Annotated[int, msgspec.Meta(ge=1)] = 1
     first_ts: EpochMs | None = None
     last_ts: EpochMs | None = None
-    # the Xid policy applied at collection time (ingest.collectors.xid_policy); None when unset
+    # the Xid policy applied at collection time (foreshock.ingest.collectors.xid_policy); None when unset
     severity: str | None = None
     action: str | None = None
 

@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.contract import GPU_FIELDS, LINK_COUNTERS
+from foreshock.ingest.contract import GPU_FIELDS, LINK_COUNTERS
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -22,8 +22,8 @@ from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 from kafka.partitioner import DefaultPartitioner
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
-from ingest.bus import AssignListener, Message, commit_positions
-from ingest.contract import Topic
+from foreshock.ingest.bus import AssignListener, Message, commit_positions
+from foreshock.ingest.contract import Topic
 
 __all__ = ["BOUNDED_PRODUCER", "KafkaBus", "KafkaConsumerMember", "ensure_topics"]
 
@@ -58,7 +58,7 @@ def ensure_topics(bootstrap: str, topics: Sequence[str] = Topic.ALL, partitions:
 
 
 class KafkaBus:
-    """Kafka-backed :class:`ingest.bus.Bus`."""
+    """Kafka-backed :class:`foreshock.ingest.bus.Bus`."""
 
     def __init__(self, bootstrap: str, *, linger_ms: int = 20, batch_bytes: int = 1 << 20,
                  compression: str | None = "lz4", client_id: str = "foreshock",
@@ -142,7 +142,7 @@ class KafkaBus:
 
 
 class KafkaConsumerMember:
-    """A consumer-group member with manual commits; see :class:`ingest.bus.Consumer`."""
+    """A consumer-group member with manual commits; see :class:`foreshock.ingest.bus.Consumer`."""
 
     def __init__(self, bootstrap: str, group: str, topics: Sequence[str], *, client_id: str = "foreshock",
                  on_assign: AssignListener | None = None, **config):
@@ -173,7 +173,7 @@ class KafkaConsumerMember:
     def _hand_over(self, assigned: set[tuple[str, int]]) -> None:
         """kafka-python 3 calls rebalance listeners on its IO thread, while the application may be
         mid-cycle on its own; so the new assignment is only handed over here, and :meth:`poll`
-        gives it to ``on_assign`` on the caller's thread (the :data:`ingest.bus.AssignListener`
+        gives it to ``on_assign`` on the caller's thread (the :data:`foreshock.ingest.bus.AssignListener`
         contract). Returning at once also keeps the IO thread's heartbeats on time."""
         with self._handover:
             self._pending = assigned
@@ -268,7 +268,7 @@ class KafkaConsumerMember:
 
 
 class _AssignListener(ConsumerRebalanceListener):
-    """Adapts an :data:`ingest.bus.AssignListener` to kafka-python's rebalance callbacks."""
+    """Adapts an :data:`foreshock.ingest.bus.AssignListener` to kafka-python's rebalance callbacks."""
 
     def __init__(self, on_assign: AssignListener):
         self._on_assign = on_assign

@@ -10,8 +10,8 @@ back to its no-operation logger, and ``broker.log`` held nothing but SLF4J's "NO
 The jars therefore include ``log4j-slf4j-impl`` (Log4j 2's SLF4J 1.x binding), and each start
 writes a Log4j 2 configuration (:data:`LOG4J_CONFIG`) beside the broker's ``server.properties``.
 
-    python -m ingest.kafka_local up     # starts in the background, prints 127.0.0.1:PORT
-    python -m ingest.kafka_local down
+    python -m foreshock.ingest.kafka_local up     # starts in the background, prints 127.0.0.1:PORT
+    python -m foreshock.ingest.kafka_local down
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0
 </dependencies></project>
 """
 
-LOG4J_CONFIG = """# Written by ingest.kafka_local: the broker logs at INFO to its stdout, which is broker.log.
+LOG4J_CONFIG = """# Written by foreshock.ingest.kafka_local: the broker logs at INFO to its stdout, which is broker.log.
 status = warn
 appender.out.type = Console
 appender.out.name = STDOUT
@@ -226,7 +226,7 @@ def _state_dir() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ingest.kafka_local")
+    parser = argparse.ArgumentParser(prog="python -m foreshock.ingest.kafka_local")
     parser.add_argument("action", choices=["up", "down", "fetch"])
     parser.add_argument("--port", type=int, default=9092)
     args = parser.parse_args(argv)

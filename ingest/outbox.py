@@ -24,7 +24,7 @@ that bound whatever the broker does; what is still unsent then is put back in fr
 (sent first by the next start) or, without a spool, counted as unsent and lost.
 
 Delivery is at-least-once: a batch the broker wrote but whose acknowledgement was lost is sent
-again. The ``deliver`` callable is injected (production: :meth:`ingest.kafka_bus.KafkaBus.deliver`).
+again. The ``deliver`` callable is injected (production: :meth:`foreshock.ingest.kafka_bus.KafkaBus.deliver`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ingest.spool import Entry, Message, Spool
+from foreshock.ingest.spool import Entry, Message, Spool
 
 __all__ = ["Deliver", "Outbox", "OutboxSummary"]
 

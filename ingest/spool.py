@@ -1,6 +1,6 @@
 """A bounded first-in-first-out queue of outgoing messages on local disk, kept across restarts.
 
-The collector's outbox (:mod:`ingest.outbox`) holds what the broker has not acknowledged in
+The collector's outbox (:mod:`foreshock.ingest.outbox`) holds what the broker has not acknowledged in
 memory first; when that is full it appends here, so an outage longer than memory can hold does
 not cost data, and a collector stopped while the broker is away leaves its backlog here for the
 next start to send first.

@@ -1,4 +1,4 @@
-"""Typed reading and writing over any :class:`ingest.bus.Bus`.
+"""Typed reading and writing over any :class:`foreshock.ingest.bus.Bus`.
 
 :func:`publish` groups records by topic and node into one message each (a scrape of eight
 GPUs is one Kafka record). :class:`RecordStream` decodes what a consumer polls and sends what
@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ingest.bus import Bus, Consumer, Message
-from ingest.contract import DeadLetter, RecordError, Topic, decode, encode, topic_of
+from foreshock.ingest.bus import Bus, Consumer, Message
+from foreshock.ingest.contract import DeadLetter, RecordError, Topic, decode, encode, topic_of
 
 __all__ = ["publish", "Decoded", "RecordStream", "now_ms"]
 

@@ -2,14 +2,14 @@
 
 SQLite is the durable record (one row per status change, committed before the call returns) and
 the source of truth for idempotency: an action id that already *succeeded* is never executed again,
-even after a restart, and for the cold start (:mod:`mitigator.coldstart`). The bus copy lets
+even after a restart, and for the cold start (:mod:`foreshock.mitigator.coldstart`). The bus copy lets
 dashboards and other services follow along; it is sent, not waited for (the producer delivers it
 within its linger, and at close), so a broker outage never holds an action. ``started`` is kept
 in SQLite only: on the bus, a job-bound command's ``started`` record is the command itself (see
-:class:`mitigator.channels.TopicChannel`), so it is not published twice.
+:class:`foreshock.mitigator.channels.TopicChannel`), so it is not published twice.
 
 A log that cannot be opened or written raises :class:`AuditUnavailable` with one clear line: the
-mitigator then stops acting rather than act without a record (see :class:`mitigator.service`).
+mitigator then stops acting rather than act without a record (see :class:`foreshock.mitigator.service`).
 An attempt that failed and will be retried says so in its reason (:data:`RETRYING`), so an action's
 last row tells whether it ended.
 """
@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ingest.bus import Bus
-from ingest.contract import MitigationEvent
-from ingest.stream import now_ms, publish
+from foreshock.ingest.bus import Bus
+from foreshock.ingest.contract import MitigationEvent
+from foreshock.ingest.stream import now_ms, publish
 
 __all__ = ["AuditLog", "AuditUnavailable", "RETRYING", "OPEN_STATUSES", "is_open"]
 

@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from ingest.bus import Bus
-from ingest.contract import MitigationEvent, Topic
-from ingest.stream import RecordStream, now_ms, publish
+from foreshock.ingest.bus import Bus
+from foreshock.ingest.contract import MitigationEvent, Topic
+from foreshock.ingest.stream import RecordStream, now_ms, publish
 
 __all__ = [
     "Command",

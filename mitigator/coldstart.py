@@ -24,11 +24,11 @@ from dataclasses import dataclass, replace
 
 import msgspec
 
-from ingest.contract import MitigationEvent
-from mitigator.audit import AuditLog, is_open
-from mitigator.lifecycle import NodeState
-from mitigator.plan import Action, NodeView, count_states
-from mitigator.schedulers import SchedulerAdapter, SchedulerError
+from foreshock.ingest.contract import MitigationEvent
+from foreshock.mitigator.audit import AuditLog, is_open
+from foreshock.mitigator.lifecycle import NodeState
+from foreshock.mitigator.plan import Action, NodeView, count_states
+from foreshock.mitigator.schedulers import SchedulerAdapter, SchedulerError
 
 __all__ = ["ColdStart", "rebuild"]
 

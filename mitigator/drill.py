@@ -1,6 +1,6 @@
 """``foreshock drill``: prove the prediction → snapshot → migrate path and fast recovery on your own machine.
 
-Runs the drill job (:mod:`mitigator.drill_job`) under real torchrun elastic, one agent per
+Runs the drill job (:mod:`foreshock.mitigator.drill_job`) under real torchrun elastic, one agent per
 simulated node on this host: A and B train (``--nnodes=2:2``), C (and D) wait as hot spares in the
 rendezvous' redundancy list. The rendezvous store is hosted by the drill itself, as an etcd or a
 stable head node would be on a cluster, so any node may die. Each node has its own memory-tier
@@ -46,16 +46,16 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from ingest.bus import InMemoryBus
-from ingest.contract import RiskScore
-from ingest.stream import now_ms, publish
-from mitigator.audit import AuditLog
-from mitigator.channels import FileChannel
-from mitigator.engine import MitigationEngine
-from mitigator.executor import Executor
-from mitigator.jobs import FileJobs
-from mitigator.policy import ExpectedLossPolicy, PolicyConfig
-from mitigator.service import MitigationService
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import RiskScore
+from foreshock.ingest.stream import now_ms, publish
+from foreshock.mitigator.audit import AuditLog
+from foreshock.mitigator.channels import FileChannel
+from foreshock.mitigator.engine import MitigationEngine
+from foreshock.mitigator.executor import Executor
+from foreshock.mitigator.jobs import FileJobs
+from foreshock.mitigator.policy import ExpectedLossPolicy, PolicyConfig
+from foreshock.mitigator.service import MitigationService
 
 __all__ = ["SCENARIOS", "DrillSettings", "ScenarioResult", "run_scenario", "run_drill"]
 
@@ -154,7 +154,7 @@ class _Cluster:
             "--rdzv-conf", "is_host=false,join_timeout=90,last_call_timeout=1,keep_alive_interval=1,"
             "keep_alive_max_attempt=3",
             "--max-restarts=3", "--monitor-interval=0.1",
-            "-m", "mitigator.drill_job", "--job", JOB, "--drill-node", node,
+            "-m", "foreshock.mitigator.drill_job", "--job", JOB, "--drill-node", node,
             "--control-dir", str(self.control), "--ckpt-dir", str(self.ckpt),
             "--memory-dir", str(self.memory_dir(node)), "--progress", str(self.progress),
             "--state-mb", str(s.state_mb), "--memory-every", str(s.memory_every),
@@ -219,7 +219,7 @@ def _max_step(events: list[dict]) -> int:
 
 def _corrupt_replica(c: _Cluster, node: str) -> int:
     """Flip bytes in the newest replica ``node``'s memory holds (a memory error); its step."""
-    from mitigator.tiers.memory import SlotPair  # torch, which only the drill's own steps need
+    from foreshock.mitigator.tiers.memory import SlotPair  # torch, which only the drill's own steps need
 
     newest = SlotPair(c.memory_dir(node) / "local-0", "replica").newest()
     if newest is None:

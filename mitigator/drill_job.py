@@ -3,7 +3,7 @@
 Run by ``foreshock drill`` (one torchrun agent per simulated node)::
 
     python -m torch.distributed.run --nnodes=2:2 --nproc-per-node=1 --rdzv-backend=c10d \\
-        --rdzv-endpoint=127.0.0.1:29400 -m mitigator.drill_job --drill-node A --control-dir C --ckpt-dir K \\
+        --rdzv-endpoint=127.0.0.1:29400 -m foreshock.mitigator.drill_job --drill-node A --control-dir C --ckpt-dir K \\
         --memory-dir M --progress P --state-mb 256
 
 Each rank owns a different parameter shard (as with ZeRO or FSDP, so a lost rank's state exists
@@ -33,8 +33,8 @@ import crc32c  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from mitigator.channels import FileChannel  # noqa: E402
-from mitigator.hook import TrainingHook, exit_on_failure  # noqa: E402
+from foreshock.mitigator.channels import FileChannel  # noqa: E402
+from foreshock.mitigator.hook import TrainingHook, exit_on_failure  # noqa: E402
 
 __all__ = ["main", "Shard", "Position", "train_step"]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
-    from mitigator.service import MitigationService
+    from foreshock.mitigator.service import MitigationService
 
 __all__ = ["StatusServer"]
 

@@ -11,7 +11,7 @@ engine's own clock (the time of receipt). A risk record dated more than ``future
 after its receipt, or older than ``horizon_ms`` at receipt, is rejected — returned as a plan with
 ``rejected`` set and not taken into any state — so no record, however dated, can shift the window
 or blind the engine to later records of its node. The breaker latches: the first drain it refuses
-opens it, and it stays open (across restarts, see :mod:`mitigator.coldstart`) until
+opens it, and it stays open (across restarts, see :mod:`foreshock.mitigator.coldstart`) until
 :meth:`reset_breaker`, as NVIDIA NVSentinel's does.
 """
 
@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
-from ingest.contract import RiskScore
-from ingest.stream import now_ms
-from mitigator.jobs import JobSource, StaticJobs
-from mitigator.lifecycle import NodeState, check_transition
-from mitigator.plan import Action, NodeView, Plan, action_id
-from mitigator.policy import ExpectedLossPolicy, Policy, PolicyConfig, PolicyContext
+from foreshock.ingest.contract import RiskScore
+from foreshock.ingest.stream import now_ms
+from foreshock.mitigator.jobs import JobSource, StaticJobs
+from foreshock.mitigator.lifecycle import NodeState, check_transition
+from foreshock.mitigator.plan import Action, NodeView, Plan, action_id
+from foreshock.mitigator.policy import ExpectedLossPolicy, Policy, PolicyConfig, PolicyContext
 
 __all__ = ["MitigationEngine"]
 
@@ -106,7 +106,7 @@ class MitigationEngine:
         self._drains = []
 
     def restore(self, views: Mapping[str, NodeView], drains: list[int], breaker: str | None) -> None:
-        """Load the state a cold start rebuilt (:mod:`mitigator.coldstart`), before any new record."""
+        """Load the state a cold start rebuilt (:mod:`foreshock.mitigator.coldstart`), before any new record."""
         self.views.update(views)
         self._drains = sorted(drains)
         self.breaker = breaker

@@ -18,7 +18,7 @@ What a failure leads to depends on the action:
 
 When an action ends in failure, the actions queued after it in the same plan are ``skipped``.
 A dry run records ``planned`` and ``skipped`` and touches nothing. An audit write that fails
-raises :class:`~mitigator.audit.AuditUnavailable` out of :meth:`submit` or :meth:`run_due`; the
+raises :class:`~foreshock.mitigator.audit.AuditUnavailable` out of :meth:`submit` or :meth:`run_due`; the
 action stays queued, to be repeated (idempotently) once the log can be written again.
 """
 
@@ -31,12 +31,12 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ingest.contract import MitigationEvent
-from ingest.stream import now_ms
-from mitigator.audit import RETRYING, AuditLog, AuditUnavailable
-from mitigator.channels import FAILED_ACK, AckWaiter, Command, CommandChannel
-from mitigator.plan import Action, Plan
-from mitigator.schedulers import NoScheduler, SchedulerAdapter, SchedulerError
+from foreshock.ingest.contract import MitigationEvent
+from foreshock.ingest.stream import now_ms
+from foreshock.mitigator.audit import RETRYING, AuditLog, AuditUnavailable
+from foreshock.mitigator.channels import FAILED_ACK, AckWaiter, Command, CommandChannel
+from foreshock.mitigator.plan import Action, Plan
+from foreshock.mitigator.schedulers import NoScheduler, SchedulerAdapter, SchedulerError
 
 __all__ = ["Outcome", "Executor", "InFlight"]
 
@@ -305,4 +305,4 @@ class Executor:
 
 
 class _JobCouldNotSave(RuntimeError):
-    """The hook acked a leave with :data:`~mitigator.channels.FAILED_ACK`."""
+    """The hook acked a leave with :data:`~foreshock.mitigator.channels.FAILED_ACK`."""

@@ -14,7 +14,7 @@ Usage (after ``torch.distributed.init_process_group`` and building model + optim
         exit_on_failure(exc)            # a peer died: leave now, torchrun re-rendezvous
     hook.close()
 
-State is kept in three tiers (:mod:`mitigator.tiers`):
+State is kept in three tiers (:mod:`foreshock.mitigator.tiers`):
 
 * **memory**: every ``memory_every`` steps the state is copied into double-buffered host memory on
   the node (tmpfs under ``memory_dir``), which outlives a worker restart. This copy is the only
@@ -26,7 +26,7 @@ State is kept in three tiers (:mod:`mitigator.tiers`):
   ``ckpt_dir`` with ``torch.distributed.checkpoint.async_save``; complete once every rank's write is.
 
 :meth:`resume` restores each rank from its own memory, its buddy's copy, or the durable tier,
-whichever is newest for every rank at once (:mod:`mitigator.tiers.recovery`).
+whichever is newest for every rank at once (:mod:`foreshock.mitigator.tiers.recovery`).
 
 ``step_end`` is collective: one tiny all-reduce per step tells every rank whether any of them saw
 a command and whether every rank's replicator is free, so all ranks act at the same step.
@@ -59,17 +59,17 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from mitigator.channels import FAILED_ACK, Command, CommandInbox
-from mitigator.jobs import write_job_status
-from mitigator.plan import JobView
-from mitigator.tiers.durable import DurableTier, latest_complete_snapshot
-from mitigator.tiers.heartbeat import Heartbeat, exit_lost, store_from_env
-from mitigator.tiers.layout import pack, plan_layout, unpack
-from mitigator.tiers.memory import Slot, SlotHeader, SlotPair
-from mitigator.tiers.peer import PeerReplicator
-from mitigator.tiers.recovery import Source, fetch, inventory, plan_recovery
-from mitigator.tiers.state import Stateful, TrainState
-from mitigator.tiers.transport import CorruptStream, ProcessGroupTransport
+from foreshock.mitigator.channels import FAILED_ACK, Command, CommandInbox
+from foreshock.mitigator.jobs import write_job_status
+from foreshock.mitigator.plan import JobView
+from foreshock.mitigator.tiers.durable import DurableTier, latest_complete_snapshot
+from foreshock.mitigator.tiers.heartbeat import Heartbeat, exit_lost, store_from_env
+from foreshock.mitigator.tiers.layout import pack, plan_layout, unpack
+from foreshock.mitigator.tiers.memory import Slot, SlotHeader, SlotPair
+from foreshock.mitigator.tiers.peer import PeerReplicator
+from foreshock.mitigator.tiers.recovery import Source, fetch, inventory, plan_recovery
+from foreshock.mitigator.tiers.state import Stateful, TrainState
+from foreshock.mitigator.tiers.transport import CorruptStream, ProcessGroupTransport
 
 __all__ = ["TrainingHook", "RESCALE_EXIT_CODE", "FAILED_EXIT_CODE", "exit_on_failure", "leave_torchrun",
            "latest_complete_snapshot"]
@@ -124,7 +124,7 @@ class TrainingHook:
     ``LOCAL_WORLD_SIZE``). ``heartbeat_timeout_s``: under torchrun, a rank whose heartbeat stops
     for this long ends the workers so the job re-rendezvous at once (None: off); ``on_peer_lost``
     is called with the reason first (to log it where the job logs). ``status_root``:
-    where rank 0 publishes the job's status for :class:`mitigator.jobs.FileJobs`. ``keep``: complete
+    where rank 0 publishes the job's status for :class:`foreshock.mitigator.jobs.FileJobs`. ``keep``: complete
     durable snapshots to keep. ``leave``: how this node leaves the job (default: stop the torchrun
     agent). ``ckpt_dir`` must be on storage every rank (and every spare) can read.
     """

@@ -14,8 +14,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol
 
-from mitigator.channels import write_json_atomic
-from mitigator.plan import JobView
+from foreshock.mitigator.channels import write_json_atomic
+from foreshock.mitigator.plan import JobView
 
 __all__ = ["JobSource", "StaticJobs", "FileJobs", "write_job_status"]
 

@@ -20,8 +20,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from ingest.contract import KUBE_DRAIN_TAINT as TAINT_KEY
-from mitigator.schedulers import SchedulerError
+from foreshock.ingest.contract import KUBE_DRAIN_TAINT as TAINT_KEY
+from foreshock.mitigator.schedulers import SchedulerError
 
 __all__ = ["KubernetesAdapter", "TAINT_KEY"]
 

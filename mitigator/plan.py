@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from mitigator.lifecycle import NodeState
+from foreshock.mitigator.lifecycle import NodeState
 
 __all__ = [
     "ActionKind", "Action", "NodeView", "JobView", "Block", "Rail", "Plan", "action_id", "count_states",

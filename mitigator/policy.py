@@ -2,7 +2,7 @@
 
 The expected-loss policy acts when the expected loss of doing nothing, P(fail within H) ×
 (work since the job's last checkpoint + restart) × the job's GPUs, exceeds the cost of acting,
-(checkpoint + migration) × GPUs — the maths lives in :mod:`models.reliability`, not here.
+(checkpoint + migration) × GPUs — the maths lives in :mod:`foreshock.models.reliability`, not here.
 Hysteresis: a node enters *watch* at ``watch_at``, is mitigated only after ``confirm``
 consecutive records at or above ``watch_at`` for which acting pays off, and returns to *healthy*
 only after ``clear_after`` consecutive records below ``clear_below``. A mitigation is a migration
@@ -16,7 +16,7 @@ plus a drain when every safety rail allows it, otherwise a checkpoint only:
 * only onto a free spare (healthy, unpinned, in no job, not promised to another migration).
 
 Pinned nodes, and nodes the scheduler does not know, are never acted on. A rail that holds a
-wanted drain back is named in the plan (:class:`~mitigator.plan.Block`), so it can be audited.
+wanted drain back is named in the plan (:class:`~foreshock.mitigator.plan.Block`), so it can be audited.
 New policies register in :data:`POLICIES` by name.
 """
 
@@ -26,10 +26,10 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from ingest.contract import RiskScore
-from mitigator.lifecycle import NodeState
-from mitigator.plan import Action, Block, JobView, NodeView, Plan, action_id
-from models.reliability import expected_crash_loss_gpu_seconds, mitigation_cost_gpu_seconds, should_mitigate
+from foreshock.ingest.contract import RiskScore
+from foreshock.mitigator.lifecycle import NodeState
+from foreshock.mitigator.plan import Action, Block, JobView, NodeView, Plan, action_id
+from foreshock.models.reliability import expected_crash_loss_gpu_seconds, mitigation_cost_gpu_seconds, should_mitigate
 
 __all__ = ["PolicyConfig", "PolicyContext", "Policy", "ExpectedLossPolicy", "POLICIES"]
 

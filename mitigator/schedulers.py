@@ -110,7 +110,7 @@ class NoScheduler:
 
 
 def _kubernetes(**kwargs) -> SchedulerAdapter:
-    from mitigator.kube import KubernetesAdapter
+    from foreshock.mitigator.kube import KubernetesAdapter
 
     return KubernetesAdapter(**kwargs)
 

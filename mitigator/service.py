@@ -5,9 +5,9 @@ with status ``planned`` and a reason starting ``operator``: pin/unpin, see :func
 and the breaker's reset, see :func:`breaker_reset_request`) as one consumer group (key = node, so
 one member owns a node's state).
 
-Before the first record it rebuilds its state (:mod:`mitigator.coldstart`). Each record goes
-through the :class:`~mitigator.engine.MitigationEngine`; the plan's intent is made durable by the
-:class:`~mitigator.executor.Executor` and the offsets are committed after that, so a crash loses
+Before the first record it rebuilds its state (:mod:`foreshock.mitigator.coldstart`). Each record goes
+through the :class:`~foreshock.mitigator.engine.MitigationEngine`; the plan's intent is made durable by the
+:class:`~foreshock.mitigator.executor.Executor` and the offsets are committed after that, so a crash loses
 no promise: what was planned and not finished is resumed from the audit log at the next start.
 The executor's attempts then run without holding this loop (on its worker pool), retried with
 backoff, and their outcomes are settled into the engine as they end.
@@ -27,16 +27,16 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from ingest.bus import Bus, Message
-from ingest.contract import MitigationEvent, NodeEvent, RiskScore, Topic
-from ingest.stream import Decoded, RecordStream, now_ms
-from mitigator.audit import AuditUnavailable
-from mitigator.coldstart import ColdStart, rebuild
-from mitigator.engine import MitigationEngine
-from mitigator.executor import Executor, Outcome
-from mitigator.lifecycle import NodeState
-from mitigator.metrics import MitigatorMetrics
-from mitigator.plan import Plan, action_id, count_states
+from foreshock.ingest.bus import Bus, Message
+from foreshock.ingest.contract import MitigationEvent, NodeEvent, RiskScore, Topic
+from foreshock.ingest.stream import Decoded, RecordStream, now_ms
+from foreshock.mitigator.audit import AuditUnavailable
+from foreshock.mitigator.coldstart import ColdStart, rebuild
+from foreshock.mitigator.engine import MitigationEngine
+from foreshock.mitigator.executor import Executor, Outcome
+from foreshock.mitigator.lifecycle import NodeState
+from foreshock.mitigator.metrics import MitigatorMetrics
+from foreshock.mitigator.plan import Plan, action_id, count_states
 
 __all__ = ["MitigationService", "pin_request", "breaker_reset_request"]
 

@@ -8,7 +8,7 @@ Definitions (used for every predictor alike, so the numbers compare):
   node's scored rows break (rows more than 1.5 cadences apart: the node was down or drained).
   A score that dips under the threshold for a few minutes and comes back is one alert, not two,
   as it is for the operator and the mitigator, which keep watching a node until it has stayed
-  calm (``mitigator.policy``). The 30 min were chosen on validation (llama3, 14 days, 5-min rows):
+  calm (``foreshock.mitigator.policy``). The 30 min were chosen on validation (llama3, 14 days, 5-min rows):
   at the 1 per 1,000 node-days budget, failures caught were 58 with no clearing time, 65 with
   15 min, 66 with 30 min and 66 with 60 min.
 - An episode is a **true alert** when at least one of its alerting rows is labelled 1, i.e. the
@@ -17,9 +17,9 @@ Definitions (used for every predictor alike, so the numbers compare):
   episodes.
 - **False alarms per 1,000 node-days** divides by the scored node-time: rows x cadence.
   ``false_alarms_after_return`` counts those that start within :data:`AFTER_RETURN_MS` after the
-  node came back from repair (``returned_ts`` from :mod:`models.labels`): alarms that echo the
+  node came back from repair (``returned_ts`` from :mod:`foreshock.models.labels`): alarms that echo the
   burst before the failure, which a feature set without
-  :attr:`~features.spec.FeatureSet.reset_on_return` still holds in its windows.
+  :attr:`~foreshock.features.spec.FeatureSet.reset_on_return` still holds in its windows.
 - A **failure** is evaluated when at least one scored row lies in ``[f - H, f)`` (its positive
   rows). It is **caught** when one of those rows alerts, and its **lead time** is ``f`` minus the
   first such alerting row's ``ts`` (so 0 < lead <= H). ``recall_at_budget`` is caught / evaluated.

@@ -26,7 +26,7 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from models.baselines import LogisticBaseline
+from foreshock.models.baselines import LogisticBaseline
 
 __all__ = ["RiskModel", "MODEL_FILE", "META_FILE"]
 
@@ -201,7 +201,7 @@ class RiskModel:
         """
         text = str(path_or_uri)
         if text.startswith("models:/"):
-            from models.registry import download_registered
+            from foreshock.models.registry import download_registered
 
             with tempfile.TemporaryDirectory(prefix="foreshock-model-") as tmp:
                 local, version = download_registered(text, tracking_uri, Path(tmp))

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from ingest.dataset import part_paths
+from foreshock.ingest.dataset import part_paths
 
 __all__ = ["CRITICAL_XIDS", "RULE_COLUMNS", "rule_inputs", "rule_scores", "LogisticBaseline"]
 

@@ -4,7 +4,7 @@ For each predictor (``model``, ``rules``, ``logistic``) and each part of the dat
 ROC-AUC per row, then the operating point at the threshold chosen on *validation* for the
 false-alarm budget (recall and precision, false alarms per 1,000 node-days, lead times, recall
 per failure cause and for detectable vs undetectable failures; definitions in
-:mod:`models.alerting`), and recall at a few equal false-alarm rates. :func:`evaluate` applies a
+:mod:`foreshock.models.alerting`), and recall at a few equal false-alarm rates. :func:`evaluate` applies a
 trained model and its stored baselines, with their stored thresholds, to any other dataset, so
 the budget is tested where it was not tuned.
 """
@@ -21,10 +21,10 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from models.alerting import EVAL_COLUMNS, EvalRows
-from models.artifact import RiskModel
-from models.baselines import LogisticBaseline, rule_scores
-from models.frame import LabelledData, build_labelled, combined_fingerprint
+from foreshock.models.alerting import EVAL_COLUMNS, EvalRows
+from foreshock.models.artifact import RiskModel
+from foreshock.models.baselines import LogisticBaseline, rule_scores
+from foreshock.models.frame import LabelledData, build_labelled, combined_fingerprint
 
 __all__ = ["PREDICTORS", "predictor_metrics", "scores_of", "clear_ms_of", "evaluate", "write_outputs"]
 
@@ -155,7 +155,7 @@ class _Scored:
 def _score_dataset(model: RiskModel, name: str, labelled: LabelledData, pool_size: int) -> _Scored:
     """Score one dataset and keep what the pool needs; its share of the SHAP sample is
     ``SHAP_ROWS / pool_size`` rows."""
-    from models.plots import SHAP_ROWS
+    from foreshock.models.plots import SHAP_ROWS
 
     per_dataset = pool_size > 1
     if labelled.feature_set_hash != model.feature_set_hash:
@@ -207,8 +207,8 @@ def write_outputs(
     ``parts`` maps a part name to its rows and per-predictor scores; plots use the first part, and
     SHAP values its rows' features unless ``shap_frame`` gives the rows to explain.
     """
-    from models.plots import write_plots
-    from models.report import write_report
+    from foreshock.models.plots import write_plots
+    from foreshock.models.report import write_report
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

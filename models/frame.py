@@ -1,8 +1,8 @@
 """From a dataset folder to the labelled frame every predictor is trained and judged on.
 
 One frame holds, per (node, ts) at the feature cadence: the model's features, the label and the
-next failure's cause (:mod:`models.labels`), and the raw-telemetry evidence the rule baseline
-reads (:func:`models.baselines.rule_inputs`). Every predictor scores exactly these rows.
+next failure's cause (:mod:`foreshock.models.labels`), and the raw-telemetry evidence the rule baseline
+reads (:func:`foreshock.models.baselines.rule_inputs`). Every predictor scores exactly these rows.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ingest.dataset import read_events, read_manifest
-from models.baselines import rule_inputs
-from models.labels import label_rows
+from foreshock.ingest.dataset import read_events, read_manifest
+from foreshock.models.baselines import rule_inputs
+from foreshock.models.labels import label_rows
 
 __all__ = ["LabelledData", "build_labelled", "combined_fingerprint", "dataset_fingerprint", "names_hash"]
 
@@ -67,7 +67,7 @@ def build_labelled(
     dask_address: str | None = None,
 ) -> LabelledData:
     """Compute features (or take ``features``: node, ts, feature columns), label them, and attach
-    the rule evidence. ``feature_set`` defaults to ``features.DEFAULT_FEATURE_SET``. With a Dask
+    the rule evidence. ``feature_set`` defaults to ``foreshock.features.DEFAULT_FEATURE_SET``. With a Dask
     scheduler address the features are computed there, a group of nodes per task, so the raw
     telemetry never has to fit in this process.
 
@@ -78,8 +78,8 @@ def build_labelled(
     within float32 precision (1 part in 10 million) of a split."""
     manifest = read_manifest(data_dir)
     if features is None:
-        from features import DEFAULT_FEATURE_SET
-        from features.batch import compute_features, compute_features_dask
+        from foreshock.features import DEFAULT_FEATURE_SET
+        from foreshock.features.batch import compute_features, compute_features_dask
 
         feature_set = feature_set if feature_set is not None else DEFAULT_FEATURE_SET
         if dask_address is None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ingest.contract import RETURN_EVENTS, UNAVAILABLE_EVENTS
+from foreshock.ingest.contract import RETURN_EVENTS, UNAVAILABLE_EVENTS
 
 __all__ = ["failures", "label_rows"]
 

@@ -4,7 +4,7 @@
 computes features twice, on the dataset truncated at a cutoff and on the full dataset, and
 compares every row at or before the cutoff. A causal feature gives the same value both times; a
 feature that looks ahead (a forward shift, a centred window, a statistic over the whole series)
-differs, and is named. The labels have their own guard in :mod:`models.labels` (a row never sees
+differs, and is named. The labels have their own guard in :mod:`foreshock.models.labels` (a row never sees
 the failure it is labelled with); the shuffled-label test checks the pipeline end to end.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from ingest.dataset import TABLES, part_paths, read_manifest
+from foreshock.ingest.dataset import TABLES, part_paths, read_manifest
 
 __all__ = ["LeakageError", "truncate_dataset", "point_in_time_violations", "assert_point_in_time"]
 

@@ -5,7 +5,7 @@
   failures each predictor caught at its budget threshold.
 - ``importance_gain.png`` and ``importance_shap.png``: the model's top features by the trees'
   total split gain (the linear prior has none) and by mean |SHAP| on (a sample of) the scored
-  rows (:meth:`~models.artifact.RiskModel.contributions`: LightGBM's ``pred_contrib`` plus the
+  rows (:meth:`~foreshock.models.artifact.RiskModel.contributions`: LightGBM's ``pred_contrib`` plus the
   linear prior's terms).
 """
 
@@ -22,8 +22,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from sklearn.metrics import precision_recall_curve  # noqa: E402
 
-from models.alerting import EvalRows  # noqa: E402
-from models.artifact import RiskModel  # noqa: E402
+from foreshock.models.alerting import EvalRows  # noqa: E402
+from foreshock.models.artifact import RiskModel  # noqa: E402
 
 __all__ = ["SHAP_ROWS", "write_plots", "shap_importance"]
 

@@ -22,7 +22,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from models.artifact import RiskModel
+from foreshock.models.artifact import RiskModel
 
 __all__ = [
     "MODEL_NAME",

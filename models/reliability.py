@@ -1,6 +1,6 @@
 """Reliability maths for checkpointed training jobs: MTBF, optimal checkpoint intervals, ETTR.
 
-Closed forms that the goodput simulator (``models.goodput``) is tested against and that the
+Closed forms that the goodput simulator (``foreshock.models.goodput``) is tested against and that the
 mitigator's policy uses to decide whether acting on a risk score pays.
 
 Common assumptions (each function restates what it relies on):

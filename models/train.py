@@ -1,8 +1,8 @@
 """Training: LightGBM with early stopping, calibration, a budget threshold and the baselines.
 
-Recipe (each step on the time split of :mod:`models.splits`, nothing shuffled):
+Recipe (each step on the time split of :mod:`foreshock.models.splits`, nothing shuffled):
 
-1. The logistic baseline (:class:`models.baselines.LogisticBaseline`), fitted on its own best
+1. The logistic baseline (:class:`foreshock.models.baselines.LogisticBaseline`), fitted on its own best
    training rows (10 negatives per positive, none censored). It is both the baseline the model
    is judged against and the model's *linear prior*.
 2. LightGBM binary classifier on train rows, boosted from :data:`PRIOR_WEIGHT` times the
@@ -35,7 +35,7 @@ Recipe (each step on the time split of :mod:`models.splits`, nothing shuffled):
    ranking unchanged).
 4. The alert threshold: the lowest one whose false alarms on validation stay within the budget
    (default 1 per 1,000 node-days; alert episodes clear after 30 quiet minutes:
-   :mod:`models.alerting`). The same procedure sets the
+   :mod:`foreshock.models.alerting`). The same procedure sets the
    baselines' thresholds, so every predictor spends the same budget.
 5. Metrics of model and baselines on validation, test, and test restricted to held-out nodes.
 
@@ -61,13 +61,13 @@ import pandas as pd
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
 
-from features.default_set import RISK_DIRECTIONS
-from models.alerting import ALERT_CLEAR_MS, EvalRows
-from models.artifact import RiskModel
-from models.baselines import LogisticBaseline, rule_scores
-from models.evaluate import PREDICTORS, predictor_metrics, write_outputs
-from models.frame import LabelledData, build_labelled
-from models.splits import make_split
+from foreshock.features.default_set import RISK_DIRECTIONS
+from foreshock.models.alerting import ALERT_CLEAR_MS, EvalRows
+from foreshock.models.artifact import RiskModel
+from foreshock.models.baselines import LogisticBaseline, rule_scores
+from foreshock.models.evaluate import PREDICTORS, predictor_metrics, write_outputs
+from foreshock.models.frame import LabelledData, build_labelled
+from foreshock.models.splits import make_split
 
 __all__ = [
     "DEFAULT_PARAMS",
@@ -161,7 +161,7 @@ def forced_bins_file(x: pd.DataFrame) -> Iterator[str]:
 
 def monotone_directions(names: list[str]) -> list[int]:
     """LightGBM's ``monotone_constraints`` for these columns: each default feature's
-    :func:`features.default_set.risk_direction`, 0 (free) for any other column.
+    :func:`foreshock.features.default_set.risk_direction`, 0 (free) for any other column.
 
     A tree may not lower a node's risk for more errors, a hotter GPU or a slower clock, so
     leaves small enough to hold one failure cause (the thermal foreshocks of a training period
@@ -499,7 +499,7 @@ def train_from_dataset(
     model.save(out_dir / "model")
     written = write_outputs(out_dir, metrics, evaluated, model, title="Risk model training")
     if register:
-        from models.registry import log_and_register, sqlite_uri
+        from foreshock.models.registry import log_and_register, sqlite_uri
 
         test_rows = evaluated["test"][0]
         registration = log_and_register(

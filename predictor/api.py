@@ -1,6 +1,6 @@
 """The risk HTTP API (FastAPI; OpenAPI at ``/docs``).
 
-Reads come from the service's :class:`predictor.scoring.RiskBoard` (no model call on a read);
+Reads come from the service's :class:`foreshock.predictor.scoring.RiskBoard` (no model call on a read);
 ``POST /v1/score`` runs the model on what the caller sends and needs the bearer token. The
 token is passed in by the composition root (``foreshock serve``); this module reads no
 environment. Errors are JSON ``{"detail": ...}``: 400/422 for bad input, 401/403 for a missing
@@ -20,8 +20,8 @@ from fastapi.responses import PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
-from ingest.contract import MAX_EPOCH_MS, RecordError, RiskScore, Topic, decode
-from predictor.service import NotReady, RiskService
+from foreshock.ingest.contract import MAX_EPOCH_MS, RecordError, RiskScore, Topic, decode
+from foreshock.predictor.service import NotReady, RiskService
 
 __all__ = ["create_app", "BodyLimit", "MAX_BODY_BYTES"]
 

@@ -1,4 +1,4 @@
-"""The production :class:`predictor.service.EngineFactory`: ``features.online`` engines of one feature set."""
+"""The production :class:`foreshock.predictor.service.EngineFactory`: ``foreshock.features.online`` engines of one feature set."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from features.kernels import add_peer_features
-from features.spec import FeatureSet
+from foreshock.features.kernels import add_peer_features
+from foreshock.features.spec import FeatureSet
 
 __all__ = ["OnlineEngines"]
 
 
 class OnlineEngines:
-    """Makes :class:`features.online.OnlineFeatureEngine` instances for ``feature_set``.
+    """Makes :class:`foreshock.features.online.OnlineFeatureEngine` instances for ``feature_set``.
 
     ``tolerance_ms`` is the engine's allowance for out-of-order records (see its docstring).
     """
@@ -25,12 +25,12 @@ class OnlineEngines:
         self.tolerance_ms = tolerance_ms
 
     def new(self):
-        from features.online import OnlineFeatureEngine
+        from foreshock.features.online import OnlineFeatureEngine
 
         return OnlineFeatureEngine(self.feature_set, tolerance_ms=self.tolerance_ms)
 
     def load(self, path: Path):
-        from features.online import OnlineFeatureEngine
+        from foreshock.features.online import OnlineFeatureEngine
 
         return OnlineFeatureEngine.load(path, self.feature_set)
 

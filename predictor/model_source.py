@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from models.artifact import RiskModel
+from foreshock.models.artifact import RiskModel
 
 __all__ = ["ModelSource", "RegistryModelSource", "PathModelSource", "ModelMismatchError", "check_model",
            "model_source"]

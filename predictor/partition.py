@@ -34,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from ingest.contract import RECORD_TYPES, RETURN_EVENTS, UNAVAILABLE_EVENTS, Topic, decode, encode
+from foreshock.ingest.contract import RECORD_TYPES, RETURN_EVENTS, UNAVAILABLE_EVENTS, Topic, decode, encode
 
 __all__ = ["OnlineEngine", "PartitionState", "watermark", "apply_by_tick", "time_anomaly"]
 
@@ -42,7 +42,7 @@ _SERVICE_EVENTS = UNAVAILABLE_EVENTS | RETURN_EVENTS
 
 
 class OnlineEngine(Protocol):
-    """What the service needs of ``features.online.OnlineFeatureEngine``."""
+    """What the service needs of ``foreshock.features.online.OnlineFeatureEngine``."""
 
     def update(self, records: list[Any]) -> Any: ...
 
@@ -99,7 +99,7 @@ def time_anomaly(state: PartitionState, topic: str, records: Sequence[Any], rece
       being late: the engine does not bucket them and the service places them at any time. The
       first record of a log has nothing to trail, so it passes: see :meth:`PartitionState.skip_idle`.
 
-    A message whose records disagree is refused whole, as :func:`ingest.contract.decode` refuses
+    A message whose records disagree is refused whole, as :func:`foreshock.ingest.contract.decode` refuses
     a message with one invalid record: its dead letter holds the original bytes.
     """
     progress = state.progress.get(topic) if topic != Topic.NODE_EVENTS else None

@@ -2,7 +2,7 @@
 
 :func:`score_frame` scores any number of ``(node, ts)`` rows in one batched model call (the
 probabilities and the SHAP contributions behind the top features). :class:`RiskBoard` keeps
-each node's latest :class:`ingest.contract.RiskScore` and a short history for the HTTP API; it
+each node's latest :class:`foreshock.ingest.contract.RiskScore` and a short history for the HTTP API; it
 is written by the service loop and read by API threads under one short lock.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ingest.contract import FeatureContribution, RiskScore
-from models.artifact import RiskModel
+from foreshock.ingest.contract import FeatureContribution, RiskScore
+from foreshock.models.artifact import RiskModel
 
 __all__ = ["score_frame", "RiskBoard"]
 

@@ -3,9 +3,9 @@
 One loop, one thread (:meth:`RiskService.run`); the HTTP API only reads what it publishes.
 
     poll a micro-batch ─► hold each record in its partition's state (dead letters go out: what
-           does not decode, and what is dated implausibly, see predictor.partition.time_anomaly)
+           does not decode, and what is dated implausibly, see foreshock.predictor.partition.time_anomaly)
         ─► close every event-time boundary that is due: apply the held records <= T to the
-           partition's feature engine, read the features at T   (see predictor.partition)
+           partition's feature engine, read the features at T   (see foreshock.predictor.partition)
         ─► score every (node, T) row of the cycle in one batched model call
         ─► publish RiskScore records to risk.scores, update the board and the metrics
         ─► checkpoints, spread over the period: every period / (partitions owned), flush the bus
@@ -29,15 +29,15 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from ingest.bus import Bus, Message
-from ingest.contract import TELEMETRY_TOPICS, RiskScore
-from ingest.stream import RecordStream, now_ms, publish
-from models.artifact import RiskModel
-from predictor.checkpoint import CheckpointStore
-from predictor.metrics import ServiceMetrics
-from predictor.model_source import ModelSource, check_model
-from predictor.partition import OnlineEngine, PartitionState, apply_by_tick, time_anomaly, watermark
-from predictor.scoring import RiskBoard, score_frame
+from foreshock.ingest.bus import Bus, Message
+from foreshock.ingest.contract import TELEMETRY_TOPICS, RiskScore
+from foreshock.ingest.stream import RecordStream, now_ms, publish
+from foreshock.models.artifact import RiskModel
+from foreshock.predictor.checkpoint import CheckpointStore
+from foreshock.predictor.metrics import ServiceMetrics
+from foreshock.predictor.model_source import ModelSource, check_model
+from foreshock.predictor.partition import OnlineEngine, PartitionState, apply_by_tick, time_anomaly, watermark
+from foreshock.predictor.scoring import RiskBoard, score_frame
 
 __all__ = ["ServiceConfig", "EngineFactory", "RiskService", "NotReady"]
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import typer
 
-from ingest.contract import Topic
+from foreshock.ingest.contract import Topic
 
 
 def connect_kafka(
@@ -16,10 +16,10 @@ def connect_kafka(
     """Create any missing ``topics`` and return a KafkaBus; exit 1, in one sentence, if unreachable.
 
     ``producer_config`` overrides the bus's producer settings (a collector passes
-    :data:`ingest.kafka_bus.BOUNDED_PRODUCER`)."""
+    :data:`foreshock.ingest.kafka_bus.BOUNDED_PRODUCER`)."""
     from kafka.errors import KafkaError
 
-    from ingest.kafka_bus import KafkaBus, ensure_topics
+    from foreshock.ingest.kafka_bus import KafkaBus, ensure_topics
 
     try:
         ensure_topics(bootstrap, topics)

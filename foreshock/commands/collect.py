@@ -1,9 +1,9 @@
 """``foreshock collect`` (run a collector until stopped) and ``foreshock parse`` (normalize a captured file).
 
-Collectors come from :mod:`ingest.collectors` by name; this module only wires the outside world
+Collectors come from :mod:`foreshock.ingest.collectors` by name; this module only wires the outside world
 in (paths, URL, clock, the bus) and runs the loop: poll, queue, sleep until the next interval.
 With ``--kafka`` the loop never waits on the broker: each poll's messages go into an
-:class:`ingest.outbox.Outbox` (memory, then ``--spool-dir`` on disk, both bounded; a full buffer
+:class:`foreshock.ingest.outbox.Outbox` (memory, then ``--spool-dir`` on disk, both bounded; a full buffer
 drops the oldest polls and counts them), and its sender thread delivers them in order whenever the
 broker answers. SIGTERM or SIGINT stops the loop; the collector's held-back records (folded Xid
 counts) are drained and queued, the outbox gets ``--flush-timeout`` to deliver what is left (the
@@ -26,17 +26,17 @@ import typer
 
 from foreshock.commands.durations import option_seconds as _seconds
 from foreshock.commands.sizes import option_bytes
-from ingest.collectors import (
+from foreshock.ingest.collectors import (
     CollectorOptions,
     CollectorUnavailable,
     Draining,
     create_collector,
     parser_for,
 )
-from ingest.collectors.xid_policy import load_xid_policy
-from ingest.contract import TELEMETRY_TOPICS, encode
-from ingest.outbox import Outbox
-from ingest.spool import Message, Spool
+from foreshock.ingest.collectors.xid_policy import load_xid_policy
+from foreshock.ingest.contract import TELEMETRY_TOPICS, encode
+from foreshock.ingest.outbox import Outbox
+from foreshock.ingest.spool import Message, Spool
 
 __all__ = ["register", "run_collector"]
 
@@ -87,8 +87,8 @@ class _Messages:
 
 
 def _messages(records: list[Any]) -> list[Message]:
-    """One message per (topic, node) holding all of that node's records, as ``ingest.stream.publish``."""
-    from ingest.stream import publish
+    """One message per (topic, node) holding all of that node's records, as ``foreshock.ingest.stream.publish``."""
+    from foreshock.ingest.stream import publish
 
     out = _Messages()
     publish(out, records)
@@ -100,7 +100,7 @@ def _kafka_outbox(bootstrap: str, source: str, memory_bytes: int, spool_dir: Pat
     """A started outbox delivering to Kafka through a producer whose every wait is bounded; exit 1
     if the broker is unreachable at start."""
     from foreshock.commands.brokers import connect_kafka
-    from ingest.kafka_bus import BOUNDED_PRODUCER
+    from foreshock.ingest.kafka_bus import BOUNDED_PRODUCER
 
     bus = connect_kafka(bootstrap, "collect", TELEMETRY_TOPICS, client_id=f"foreshock-collect-{source}",
                         producer_config=BOUNDED_PRODUCER)

@@ -32,7 +32,7 @@ def demo(
     """Watch the whole system work: a simulated cluster fails, the model sees it coming, the job moves."""
     from foreshock.commands.simulate import profile_path
     from foreshock.demo import DemoSettings, run_demo
-    from ingest.simulator import ProfileError
+    from foreshock.ingest.simulator import ProfileError
 
     try:
         settings = DemoSettings(

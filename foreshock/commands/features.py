@@ -25,8 +25,8 @@ def features(
     cadence: str = typer.Option("1m", help="One row per node every CADENCE (a multiple of 1m)."),
 ) -> None:
     """Compute the default feature set at a fixed cadence and write it as parquet."""
-    from features import DEFAULT_FEATURE_SET
-    from features.batch import compute_features, compute_features_dask
+    from foreshock.features import DEFAULT_FEATURE_SET
+    from foreshock.features.batch import compute_features, compute_features_dask
 
     cadence_ms = option_ms(cadence, "--cadence")
     try:

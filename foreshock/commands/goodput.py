@@ -1,10 +1,10 @@
 """``foreshock goodput``: what failures cost a training job, and what checkpointing and prediction buy.
 
 Builds the failure traces (a profile draw per cluster size, a simulated dataset's ground truth,
-or the real InfiniteHBD trace), replays them with ``models.goodput`` and prints one table per
+or the real InfiniteHBD trace), replays them with ``foreshock.models.goodput`` and prints one table per
 cluster size (or JSON), plus a plot of ETTR against recall. With ``--drill`` (the JSON of
 ``foreshock drill --json``) and ``--state-gb-per-gpu`` it also projects a tiered in-memory
-checkpoint job to each size (``models.goodput.projection``), adds its ``tiered`` and
+checkpoint job to each size (``foreshock.models.goodput.projection``), adds its ``tiered`` and
 ``tiered+foreshock`` rows and prints where every figure came from.
 """
 
@@ -20,10 +20,12 @@ import pandas as pd
 import typer
 from rich.console import Console
 from rich.table import Table
+
 from typer import Option as Opt
 
+from foreshock import shipped
 from foreshock.commands.durations import parse_duration
-from models.goodput import (
+from foreshock.models.goodput import (
     JSON_KEYS,
     DrillReport,
     FailureTrace,
@@ -39,12 +41,9 @@ from models.goodput import (
     resize,
     sweep,
 )
-from models.goodput.plot import plot_ettr_vs_recall
-from models.goodput.tiers import pair_loss_window_s
+from foreshock.models.goodput.plot import plot_ettr_vs_recall
+from foreshock.models.goodput.tiers import pair_loss_window_s
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-PROFILES_DIR = REPO_ROOT / "datasets" / "profiles"
-TRACES = {"infinitehbd": REPO_ROOT / "datasets" / "traces" / "infinitehbd" / "fault_trace.json"}
 SWEEP_RECALLS = tuple(k / 10 for k in range(11))
 
 
@@ -58,14 +57,17 @@ def _trace_builder(profile: str | None, trace: str | None, dataset: Path | None,
     if len(chosen) != 1:
         raise typer.BadParameter("give exactly one of --profile, --trace, --dataset")
     if profile is not None:
-        path = Path(profile) if profile.endswith(".toml") else PROFILES_DIR / f"{profile}.toml"
+        try:
+            path = shipped.profile(profile)
+        except LookupError as exc:
+            raise typer.BadParameter(str(exc)) from None
         if not path.exists():
             raise typer.BadParameter(f"no profile {path}")
         spec = load_profile(path)
         spec.setdefault("name", path.stem)
         return path.stem, None, lambda g: from_profile(spec, gpus=g, days=days, seed=seed)
     if trace is not None:
-        base = load_infinitehbd(TRACES.get(trace, Path(trace)))
+        base = load_infinitehbd(shipped.trace(trace))
         return trace, base.gpus, lambda g: resize(base, g, seed=seed)
     assert dataset is not None
     base = from_ground_truth(dataset)
@@ -148,13 +150,14 @@ def _print_projection(console: Console, drill: Path, tiers: dict[int, TierProjec
 
 
 def goodput(
-    profile: Annotated[str | None, Opt(help="Profile in datasets/profiles/ (name or .toml path).")] = None,
+    profile: Annotated[str | None, Opt(help="Shipped profile name (llama3, infinitehbd) or a .toml path.")] = None,
     trace: Annotated[str | None, Opt(help="Real trace: 'infinitehbd' or a fault_trace.json path.")] = None,
     dataset: Annotated[Path | None, Opt(help="Simulated dataset DIR (replays its ground truth).")] = None,
     gpus: Annotated[str | None, Opt(help="Cluster sizes, e.g. 1024,4096,16384 (default: profile "
                                     "1024,4096,16384; trace or dataset: its own size).")] = None,
     days: Annotated[float, Opt(help="Days drawn from a profile (long draws give expectations).")] = 3650.0,
-    metrics: Annotated[Path | None, Opt(help="metrics.json from 'foreshock evaluate'.")] = None,
+    metrics: Annotated[str | None, Opt(help="metrics.json from 'foreshock evaluate', or a shipped operating "
+                                       "point (llama3-512x14d-metrics).")] = None,
     predictor: Annotated[str, Opt(help="Which predictor of --metrics to use.")] = "model",
     recall: Annotated[float, Opt(help="Recall without --metrics.")] = 0.6,
     lead_minutes: Annotated[float, Opt(help="Median warning lead time without --metrics.")] = 30.0,
@@ -170,13 +173,18 @@ def goodput(
     plot: Annotated[Path | None, Opt(help="PNG of ETTR against recall (default OUT/goodput.png).")] = None,
     out: Annotated[Path, Opt(help="Folder for the default plot.")] = Path("."),
     no_plot: Annotated[bool, Opt("--no-plot", help="Skip the plot.")] = False,
-    drill: Annotated[Path | None, Opt(help="JSON of 'foreshock drill --json': adds the tiered "
-                                      "strategies.")] = None,
+    drill: Annotated[str | None, Opt(help="JSON of 'foreshock drill --json', or a shipped one "
+                                     "(drill-256mb): adds the tiered strategies.")] = None,
     state_gb_per_gpu: Annotated[float | None, Opt(help="Training state per GPU (GB) to project --drill "
                                                   "to, e.g. 0.4 for Llama 3 405B on 16,384 GPUs.")] = None,
 ) -> None:
     """Compare checkpointing strategies (fixed, Young/Daly, Foreshock, oracle; tiered with --drill)."""
     source, own_gpus, trace_for = _trace_builder(profile, trace, dataset, days, seed)
+    try:
+        metrics_path = None if metrics is None else shipped.operating_point(metrics)
+        drill_path = None if drill is None else shipped.operating_point(drill)
+    except LookupError as exc:
+        raise typer.BadParameter(str(exc)) from None
     if gpus:
         sizes = [int(g) for g in gpus.split(",") if g.strip()]
     else:
@@ -184,12 +192,12 @@ def goodput(
     params = JobParams(checkpoint_s=_seconds(checkpoint), restart_s=_seconds(restart),
                        migration_s=_seconds(migration), spares=spares, spare_refill_s=_seconds(spare_refill))
     if metrics is not None:
-        op = OperatingPoint.from_metrics(metrics, predictor)
+        op = OperatingPoint.from_metrics(metrics_path, predictor)
     else:
         op = OperatingPoint(recall=recall, lead_time_s=lead_minutes * 60.0,
                             false_alarms_per_1000_node_days=false_alarms_per_1000_node_days)
     traces = {g: trace_for(g) for g in sizes}
-    tiers = _projections(drill, state_gb_per_gpu, [t.gpus for t in traces.values()])
+    tiers = _projections(drill_path, state_gb_per_gpu, [t.gpus for t in traces.values()])
     tiered_for = None if tiers is None else (lambda tr: tiers[tr.gpus].job_params(params))
     table = compare([traces[g] for g in sizes], params, op, fixed_interval_s=_seconds(interval), seed=seed,
                     tiered_for=tiered_for)
@@ -197,17 +205,17 @@ def goodput(
     if as_json:
         typer.echo(json.dumps([{k: row[k] for k in JSON_KEYS} for row in table.to_dict("records")], indent=2))
         if tiers is not None:  # stdout stays the JSON rows; where the figures came from goes to stderr
-            assert drill is not None
+            assert drill_path is not None
             err = Console(width=120, stderr=True)
-            _print_projection(err, drill, tiers)
+            _print_projection(err, drill_path, tiers)
             for gpus, rows in table.groupby("gpus", sort=True):
                 _print_pair_losses(err, rows, by_gpus[gpus], tiers[gpus])
     else:
         console = Console(width=120 if tiers is None else 150)  # the tiered table has two more columns
         _print_tables(console, table, by_gpus, params, op, source, tiers)
         if tiers is not None:
-            assert drill is not None
-            _print_projection(console, drill, tiers)
+            assert drill_path is not None
+            _print_projection(console, drill_path, tiers)
     if not no_plot:
         curve = sweep(lambda g: traces[g], sizes, SWEEP_RECALLS, params, op, seed=seed)
         title = f"{source}: ETTR against recall (dashed: Young/Daly, dotted: oracle, star: operating point)"

@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from foreshock.commands.durations import option_seconds as _seconds
-from mitigator.drill import COMPONENTS, EXTRA_SCENARIOS, SCENARIOS, DrillSettings, run_drill
+from foreshock.mitigator.drill import COMPONENTS, EXTRA_SCENARIOS, SCENARIOS, DrillSettings, run_drill
 
 __all__ = ["register"]
 
@@ -29,7 +29,7 @@ class SchedulerName(StrEnum):
 
 def _scheduler(name: SchedulerName, kube_selector: str | None, timeout_s: float):
     """The adapter by name; a cluster that cannot be configured is one line on stderr, exit 1."""
-    from mitigator.schedulers import SCHEDULERS
+    from foreshock.mitigator.schedulers import SCHEDULERS
 
     if name is SchedulerName.kubernetes:
         from kubernetes import client, config
@@ -110,15 +110,15 @@ def mitigate(
 ) -> None:
     """Turn risk scores into safe, audited actions (checkpoint, migrate, drain)."""
     from foreshock.commands.brokers import connect_kafka
-    from ingest.stream import publish
-    from mitigator.audit import AuditLog, AuditUnavailable
-    from mitigator.channels import CHANNELS
-    from mitigator.endpoint import StatusServer
-    from mitigator.engine import MitigationEngine
-    from mitigator.executor import Executor
-    from mitigator.jobs import FileJobs, StaticJobs
-    from mitigator.policy import POLICIES, PolicyConfig
-    from mitigator.service import MitigationService, breaker_reset_request, pin_request
+    from foreshock.ingest.stream import publish
+    from foreshock.mitigator.audit import AuditLog, AuditUnavailable
+    from foreshock.mitigator.channels import CHANNELS
+    from foreshock.mitigator.endpoint import StatusServer
+    from foreshock.mitigator.engine import MitigationEngine
+    from foreshock.mitigator.executor import Executor
+    from foreshock.mitigator.jobs import FileJobs, StaticJobs
+    from foreshock.mitigator.policy import POLICIES, PolicyConfig
+    from foreshock.mitigator.service import MitigationService, breaker_reset_request, pin_request
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)

@@ -80,15 +80,15 @@ def serve(
     """Consume telemetry, score every node each period, publish risk.scores, serve the risk API."""
     import uvicorn
 
-    from features import DEFAULT_FEATURE_SET
+    from foreshock.features import DEFAULT_FEATURE_SET
     from foreshock.commands.brokers import connect_kafka
-    from ingest.bus import InMemoryBus
-    from ingest.kafka_local import cache_dir
-    from predictor.api import create_app
-    from predictor.checkpoint import CheckpointStore
-    from predictor.engines import OnlineEngines
-    from predictor.model_source import ModelMismatchError, model_source
-    from predictor.service import RiskService, ServiceConfig
+    from foreshock.ingest.bus import InMemoryBus
+    from foreshock.ingest.kafka_local import cache_dir
+    from foreshock.predictor.api import create_app
+    from foreshock.predictor.checkpoint import CheckpointStore
+    from foreshock.predictor.engines import OnlineEngines
+    from foreshock.predictor.model_source import ModelMismatchError, model_source
+    from foreshock.predictor.service import RiskService, ServiceConfig
 
     # `kill -USR1 PID` writes every thread's stack to stderr: what a stuck loop is waiting on
     # (the consumer, the broker, a lock) can be read from a live process without restarting it.
@@ -151,7 +151,7 @@ def serve(
 def _feed_simulation(bus, nodes: int, speed: float) -> None:
     """The embedded demo's telemetry: a day of the llama3 profile streamed onto ``bus`` in a thread."""
     from foreshock.commands.simulate import profile_path
-    from ingest.simulator import Simulator, load_profile, stream
+    from foreshock.ingest.simulator import Simulator, load_profile, stream
 
     sim = Simulator(load_profile(profile_path("llama3")), nodes=nodes, duration_ms=86_400_000,
                     interval_ms=30_000, seed=0)

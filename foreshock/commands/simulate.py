@@ -6,25 +6,19 @@ from pathlib import Path
 
 import typer
 
+from foreshock import shipped
 from foreshock.commands.durations import parse_duration
-from ingest.simulator import DEFAULT_START_MS, ProfileError, Simulator, load_profile, stream, write_dataset
+from foreshock.ingest.simulator import DEFAULT_START_MS, ProfileError, Simulator, load_profile, stream, write_dataset
 
-__all__ = ["PROFILES_DIR", "profile_path", "register"]
-
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "datasets" / "profiles"
-"""Where the shipped profiles live (``llama3``, ``infinitehbd``)."""
+__all__ = ["profile_path", "register"]
 
 
 def profile_path(name_or_path: str) -> Path:
     """A shipped profile's name (``llama3``) or the path of a TOML file -> the file's path."""
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or candidate.is_file():
-        return candidate
-    shipped = PROFILES_DIR / f"{name_or_path}.toml"
-    if not shipped.is_file():
-        names = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.toml")))
-        raise ProfileError(f"no profile named {name_or_path!r} (shipped: {names}; or give a .toml path)")
-    return shipped
+    try:
+        return shipped.profile(name_or_path)
+    except LookupError as exc:
+        raise ProfileError(str(exc)) from None
 
 
 def simulate(

@@ -52,9 +52,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed"),
     ) -> None:
         """Train the LightGBM risk model and its baselines; print model vs baselines."""
-        from models.registry import sqlite_uri
-        from models.report import print_table
-        from models.train import train_from_dataset
+        from foreshock.models.registry import sqlite_uri
+        from foreshock.models.report import print_table
+        from foreshock.models.train import train_from_dataset
 
         model = train_from_dataset(
             data,
@@ -96,10 +96,10 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Evaluate a trained model and its baselines on another dataset (or a pool of them)."""
-        from models.artifact import RiskModel
-        from models.evaluate import evaluate as run_evaluation
-        from models.registry import sqlite_uri
-        from models.report import print_table
+        from foreshock.models.artifact import RiskModel
+        from foreshock.models.evaluate import evaluate as run_evaluation
+        from foreshock.models.registry import sqlite_uri
+        from foreshock.models.report import print_table
 
         risk_model = RiskModel.load(model, tracking_uri=tracking_uri or sqlite_uri(data[0]))
         cadence_ms = option_ms(cadence, "--cadence") if cadence else None

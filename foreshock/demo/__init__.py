@@ -1,8 +1,8 @@
 """``foreshock demo``: the whole system in one process, on embedded defaults.
 
-1. simulate a small cluster (``ingest.simulator``) into ``OUT/data``;
+1. simulate a small cluster (``foreshock.ingest.simulator``) into ``OUT/data``;
 2. compute features on every day but the last, train the risk model on them and register it in
-   the local MLflow store ``OUT/data/mlflow.db`` (``models.train``); the last day stays unseen;
+   the local MLflow store ``OUT/data/mlflow.db`` (``foreshock.models.train``); the last day stays unseen;
 3. replay the last day through an in-memory bus, the predictor service and the mitigator in
    dry-run mode, in accelerated simulated time, with a live view (:mod:`foreshock.demo.replay`);
 4. report: failures, how many were predicted and how far ahead, actions taken, training time
@@ -18,9 +18,10 @@ import shutil
 import time
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from foreshock import shipped
 from foreshock.demo.replay import ReplayConfig, ReplayState, replay
 from foreshock.demo.report import DemoReport, build_report, plot_replay, write_report, write_scores
 
@@ -35,7 +36,7 @@ class DemoSettings:
     """Every knob of the demo; the defaults make a run of a few minutes on 2 cores."""
 
     out: Path = Path("runs/demo")
-    profile: Path = Path(__file__).resolve().parents[2] / "datasets" / "profiles" / "llama3.toml"
+    profile: Path = field(default_factory=lambda: shipped.profile("llama3"))
     nodes: int = 48
     days: float = 3.0
     seed: int = 7
@@ -45,7 +46,7 @@ class DemoSettings:
     # alert budget in false alarms per 1,000 node-days; None: 1 at the profile's own failure rate,
     # times rate_multiplier (the simulator's false-alarm transients scale with the failures)
     budget_per_1000_node_days: float | None = None
-    # LightGBM overrides for models.train (empty: the model's own defaults, chosen on validation)
+    # LightGBM overrides for foreshock.models.train (empty: the model's own defaults, chosen on validation)
     lgb_params: tuple[tuple[str, float], ...] = ()
     score_every_ms: int = 300_000
     warmup_ms: int = 2 * 3_600_000
@@ -70,7 +71,7 @@ class DemoSettings:
 
 
 def _simulate(s: DemoSettings, data_dir: Path, say: Callable[[str], None]):
-    from ingest.simulator import Simulator, load_profile, write_dataset
+    from foreshock.ingest.simulator import Simulator, load_profile, write_dataset
 
     sim = Simulator(
         load_profile(s.profile),
@@ -91,9 +92,9 @@ def _simulate(s: DemoSettings, data_dir: Path, say: Callable[[str], None]):
 
 def _train(s: DemoSettings, data_dir: Path, cut_ms: int, tracking_uri: str, say: Callable[[str], None]):
     """Features on ``[start, cut - horizon)`` (labels never reach into the replayed day), then train."""
-    from features import DEFAULT_FEATURE_SET
-    from features.batch import compute_features
-    from models.train import train_from_dataset
+    from foreshock.features import DEFAULT_FEATURE_SET
+    from foreshock.features.batch import compute_features
+    from foreshock.models.train import train_from_dataset
 
     for name in ("mlflow", "alembic"):  # the store's own chatter; errors still show
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -126,7 +127,7 @@ def _train(s: DemoSettings, data_dir: Path, cut_ms: int, tracking_uri: str, say:
 
 def run_demo(s: DemoSettings, *, live: bool = True, say: Callable[[str], None] = print) -> DemoReport:
     """Run the four steps; returns the report (also written to ``s.out``)."""
-    from models.registry import sqlite_uri
+    from foreshock.models.registry import sqlite_uri
 
     started = time.monotonic()
     s.out.mkdir(parents=True, exist_ok=True)

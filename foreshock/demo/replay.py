@@ -17,22 +17,22 @@ from typing import Any
 
 import pyarrow as pa
 
-from features import DEFAULT_FEATURE_SET
-from ingest.bus import InMemoryBus
-from ingest.contract import GpuSample, LinkSample, NodeEvent, RiskScore, XidEvent
-from ingest.dataset import read_events, read_table
-from ingest.stream import publish
-from mitigator.audit import AuditLog
-from mitigator.engine import MitigationEngine
-from mitigator.executor import Executor, Outcome
-from mitigator.plan import JobView
-from mitigator.policy import ExpectedLossPolicy, PolicyConfig
-from mitigator.schedulers import NoScheduler
-from mitigator.service import MitigationService
-from models.registry import CHAMPION_URI
-from predictor.engines import OnlineEngines
-from predictor.model_source import RegistryModelSource
-from predictor.service import RiskService, ServiceConfig
+from foreshock.features import DEFAULT_FEATURE_SET
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import GpuSample, LinkSample, NodeEvent, RiskScore, XidEvent
+from foreshock.ingest.dataset import read_events, read_table
+from foreshock.ingest.stream import publish
+from foreshock.mitigator.audit import AuditLog
+from foreshock.mitigator.engine import MitigationEngine
+from foreshock.mitigator.executor import Executor, Outcome
+from foreshock.mitigator.plan import JobView
+from foreshock.mitigator.policy import ExpectedLossPolicy, PolicyConfig
+from foreshock.mitigator.schedulers import NoScheduler
+from foreshock.mitigator.service import MitigationService
+from foreshock.models.registry import CHAMPION_URI
+from foreshock.predictor.engines import OnlineEngines
+from foreshock.predictor.model_source import RegistryModelSource
+from foreshock.predictor.service import RiskService, ServiceConfig
 
 __all__ = ["ReplayConfig", "ReplayState", "PeriodicJob", "telemetry_steps", "replay"]
 

@@ -1,9 +1,9 @@
 """The demo's closing report: each failure of the replayed day, whether it was predicted, how far
 ahead, what the mitigator did, and the training time that saved, as text, JSON, Markdown and a plot.
 
-Definitions match the model's evaluation (``models.alerting``): a failure is *predicted* when its
+Definitions match the model's evaluation (``foreshock.models.alerting``): a failure is *predicted* when its
 node had an alerting risk score in the horizon before it; its lead time runs from the first such
-score. GPU-hours follow ``models.reliability``: a crash of the job costs the work since its last
+score. GPU-hours follow ``foreshock.models.reliability``: a crash of the job costs the work since its last
 checkpoint plus the restart, on every GPU of the job; a migration costs a checkpoint plus the
 migration; a checkpoint-only action saves the lost work but not the restart.
 """
@@ -21,9 +21,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from foreshock.demo.replay import ReplayState
-from models.alerting import episode_starts
-from models.evaluate import clear_ms_of
-from models.reliability import expected_crash_loss_gpu_seconds, mitigation_cost_gpu_seconds
+from foreshock.models.alerting import episode_starts
+from foreshock.models.evaluate import clear_ms_of
+from foreshock.models.reliability import expected_crash_loss_gpu_seconds, mitigation_cost_gpu_seconds
 
 __all__ = ["FailureRow", "DemoReport", "build_report", "write_report", "write_scores", "plot_replay"]
 
@@ -106,7 +106,7 @@ def _episodes(
     scores: list[Any], horizon_ms: int, clear_ms: int, period_ms: int, failures: dict[str, list[int]]
 ) -> tuple[int, int]:
     """Alert episodes (a node's alerting scores until ``clear_ms`` passes without one, as in
-    ``models.alerting``) and those with no alerting score followed by a failure within the horizon."""
+    ``foreshock.models.alerting``) and those with no alerting score followed by a failure within the horizon."""
     alerting: dict[str, list[int]] = {}
     for s in scores:
         if s.alert:

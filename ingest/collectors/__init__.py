@@ -6,8 +6,8 @@ of a captured file of that source (``kmsg``, ``dcgm``, ``ib``). Importing this p
 all of them.
 """
 
-from ingest.collectors import dcgm, infiniband, kmsg, kube_nodes, nvml, slurm  # noqa: F401 - registration
-from ingest.collectors.base import (
+from foreshock.ingest.collectors import dcgm, infiniband, kmsg, kube_nodes, nvml, slurm  # noqa: F401 - registration
+from foreshock.ingest.collectors.base import (
     Collector,
     CollectorOptions,
     CollectorUnavailable,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ingest.stream import now_ms
+from foreshock.ingest.stream import now_ms
 
 __all__ = [
     "Collector",
@@ -46,7 +46,7 @@ class Collector(Protocol):
     """One source of telemetry. ``collect`` is called once per interval by the collect loop."""
 
     def collect(self) -> list[Any]:
-        """Records observed since the previous call (contract types from ingest.contract)."""
+        """Records observed since the previous call (contract types from foreshock.ingest.contract)."""
         ...
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.collectors.base import (
+from foreshock.ingest.collectors.base import (
     MAX_LINE_CHARS,
     CollectorOptions,
     ParseReport,
@@ -31,8 +31,8 @@ from ingest.collectors.base import (
     register_collector,
     register_parser,
 )
-from ingest.collectors.pci import normalize_pci_bus_id
-from ingest.contract import GPU_FIELDS, GpuSample
+from foreshock.ingest.collectors.pci import normalize_pci_bus_id
+from foreshock.ingest.contract import GPU_FIELDS, GpuSample
 
 __all__ = ["DcgmExporterCollector", "parse_exposition", "http_get", "DEFAULT_URL"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ingest.contract import XidEvent
+from foreshock.ingest.contract import XidEvent
 
 __all__ = ["XidFolder"]
 

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from ingest.collectors.base import (
+from foreshock.ingest.collectors.base import (
     MAX_LINE_CHARS,
     CollectorOptions,
     CollectorUnavailable,
@@ -28,7 +28,7 @@ from ingest.collectors.base import (
     register_collector,
     register_parser,
 )
-from ingest.contract import LINK_COUNTERS, LinkSample
+from foreshock.ingest.contract import LINK_COUNTERS, LinkSample
 
 __all__ = ["InfinibandCollector", "read_sysfs_tree", "samples_from_files", "counter_deltas", "SYSFS_ROOT"]
 

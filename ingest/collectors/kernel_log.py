@@ -26,10 +26,10 @@ import calendar
 import re
 from collections.abc import Callable, Mapping
 
-from ingest.collectors.base import MAX_LINE_CHARS
-from ingest.collectors.pci import normalize_pci_bus_id
-from ingest.collectors.xid_policy import XidPolicy
-from ingest.contract import LinkSample, XidEvent
+from foreshock.ingest.collectors.base import MAX_LINE_CHARS
+from foreshock.ingest.collectors.pci import normalize_pci_bus_id
+from foreshock.ingest.collectors.xid_policy import XidPolicy
+from foreshock.ingest.contract import LinkSample, XidEvent
 
 __all__ = ["KernelLineParser", "line_timestamp_ms"]
 

@@ -1,8 +1,8 @@
 """Kernel-log collector: follows ``/dev/kmsg``, ``journalctl -k -f -o json`` or a file, emits Xid events.
 
 Each ``collect`` reads what the source has appended since the last call without blocking, turns
-the lines into records (:mod:`ingest.collectors.kernel_log`), folds Xid floods
-(:mod:`ingest.collectors.fold`) and returns the records to publish. ``drain`` hands over the
+the lines into records (:mod:`foreshock.ingest.collectors.kernel_log`), folds Xid floods
+(:mod:`foreshock.ingest.collectors.fold`) and returns the records to publish. ``drain`` hands over the
 folded counts still held back (call it on shutdown).
 
 Sources, all non-blocking and bounded per poll:
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from ingest.collectors.base import (
+from foreshock.ingest.collectors.base import (
     MAX_LINE_CHARS,
     CollectorOptions,
     CollectorUnavailable,
@@ -35,11 +35,11 @@ from ingest.collectors.base import (
     register_collector,
     register_parser,
 )
-from ingest.collectors.fold import XidFolder
-from ingest.collectors.kernel_log import KernelLineParser
-from ingest.collectors.pci import normalize_pci_bus_id
-from ingest.collectors.xid_policy import load_xid_policy
-from ingest.contract import XidEvent
+from foreshock.ingest.collectors.fold import XidFolder
+from foreshock.ingest.collectors.kernel_log import KernelLineParser
+from foreshock.ingest.collectors.pci import normalize_pci_bus_id
+from foreshock.ingest.collectors.xid_policy import load_xid_policy
+from foreshock.ingest.contract import XidEvent
 
 __all__ = ["LineSource", "DevKmsgSource", "JournalSource", "FileSource", "KernelLogCollector",
            "gpu_indexes_from_proc", "parse_kernel_log"]

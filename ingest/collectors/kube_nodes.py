@@ -6,7 +6,7 @@ Service class of a node:
 - ``down``: its ``Ready`` condition is ``False`` or ``Unknown`` (kubelet stopped reporting, node
   unreachable or rebooting); this wins over a cordon
 - ``drained``: cordoned (``spec.unschedulable``) or carrying Foreshock's drain taint
-  (:data:`~ingest.contract.KUBE_DRAIN_TAINT`). The mitigator sets both; after a repair the
+  (:data:`~foreshock.ingest.contract.KUBE_DRAIN_TAINT`). The mitigator sets both; after a repair the
   operator removes the taint and uncordons, and the ``repaired`` that follows makes the mitigator
   undrain (both already undone: a success)
 - ``up``: ready and schedulable
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from ingest.collectors.base import CollectorOptions, CollectorUnavailable, register_collector
-from ingest.collectors.node_states import NodeStateCollector, PollFailed, check_state_file
-from ingest.contract import KUBE_DRAIN_TAINT
+from foreshock.ingest.collectors.base import CollectorOptions, CollectorUnavailable, register_collector
+from foreshock.ingest.collectors.node_states import NodeStateCollector, PollFailed, check_state_file
+from foreshock.ingest.contract import KUBE_DRAIN_TAINT
 
 __all__ = ["KubeNodePoll", "node_class"]
 

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from ingest.collectors.base import CollectorOptions, CollectorUnavailable
-from ingest.contract import UNAVAILABLE_EVENTS, NodeEvent
+from foreshock.ingest.collectors.base import CollectorOptions, CollectorUnavailable
+from foreshock.ingest.contract import UNAVAILABLE_EVENTS, NodeEvent
 
 __all__ = ["NodeStateCollector", "PollFailed", "SERVICE_CLASSES", "check_state_file"]
 

@@ -21,11 +21,11 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from ingest.collectors.base import CollectorOptions, CollectorUnavailable, register_collector
-from ingest.collectors.fold import XidFolder
-from ingest.collectors.pci import normalize_pci_bus_id
-from ingest.collectors.xid_policy import XidPolicy, load_xid_policy
-from ingest.contract import GpuSample, XidEvent
+from foreshock.ingest.collectors.base import CollectorOptions, CollectorUnavailable, register_collector
+from foreshock.ingest.collectors.fold import XidFolder
+from foreshock.ingest.collectors.pci import normalize_pci_bus_id
+from foreshock.ingest.collectors.xid_policy import XidPolicy, load_xid_policy
+from foreshock.ingest.contract import GpuSample, XidEvent
 
 __all__ = ["NvmlCollector", "open_nvml"]
 

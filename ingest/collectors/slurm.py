@@ -16,8 +16,8 @@ import subprocess
 from collections.abc import Callable
 from typing import Final
 
-from ingest.collectors.base import CollectorOptions, CollectorUnavailable, register_collector
-from ingest.collectors.node_states import NodeStateCollector, PollFailed, check_state_file
+from foreshock.ingest.collectors.base import CollectorOptions, CollectorUnavailable, register_collector
+from foreshock.ingest.collectors.node_states import NodeStateCollector, PollFailed, check_state_file
 
 __all__ = ["SinfoPoll", "service_class", "parse_sinfo", "SINFO_ARGS"]
 

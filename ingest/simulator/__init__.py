@@ -2,13 +2,13 @@
 
 ``load_profile`` reads a failure profile (TOML), :class:`Simulator` draws the failures and
 generates telemetry chunk by chunk, :func:`write_dataset` writes it in the dataset layout
-(``ingest.dataset``) and :func:`stream` publishes it onto a bus in accelerated or real time.
+(``foreshock.ingest.dataset``) and :func:`stream` publishes it onto a bus in accelerated or real time.
 """
 
-from ingest.simulator.engine import DEFAULT_CHUNK_ROWS, DEFAULT_START_MS, Chunk, Simulator
-from ingest.simulator.output import stream, write_dataset
-from ingest.simulator.profile import PRECURSORS, Profile, ProfileError, load_profile, parse_profile
-from ingest.simulator.schedule import Episode, Failure, Schedule
+from foreshock.ingest.simulator.engine import DEFAULT_CHUNK_ROWS, DEFAULT_START_MS, Chunk, Simulator
+from foreshock.ingest.simulator.output import stream, write_dataset
+from foreshock.ingest.simulator.profile import PRECURSORS, Profile, ProfileError, load_profile, parse_profile
+from foreshock.ingest.simulator.schedule import Episode, Failure, Schedule
 
 __all__ = [
     "Simulator",

@@ -5,7 +5,7 @@ The trace (stepfun-ai/InfiniteHBD-Trace ``fault_trace.json``) lists ``fault_star
 :data:`INFINITEHBD_CAUSES` folds its 40 descriptions into the causes of
 ``datasets/profiles/infinitehbd.toml``; :func:`summarize_trace` gives each cause's count,
 share and lognormal repair-time fit (median hours, sigma of log hours), and the rate per
-GPU-day, which is what the profile ships. ``python -m ingest.simulator.calibration TRACE``
+GPU-day, which is what the profile ships. ``python -m foreshock.ingest.simulator.calibration TRACE``
 prints them.
 """
 

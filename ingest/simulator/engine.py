@@ -21,13 +21,13 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
-from ingest.contract import GPU_FIELDS, LINK_COUNTERS
-from ingest.dataset import EVENT_SCHEMA, GROUND_TRUTH_SCHEMA, XID_SCHEMA
-from ingest.simulator.counters import KeptRows
-from ingest.simulator.gpu import XID_MESSAGES, GpuBaseline, GpuGenerator, pci_bus_ids
-from ingest.simulator.links import LINK_STATES, LinkBaseline, LinkGenerator, link_port_names
-from ingest.simulator.profile import Profile
-from ingest.simulator.schedule import MS_PER_DAY, Failure, Schedule, draw_schedule
+from foreshock.ingest.contract import GPU_FIELDS, LINK_COUNTERS
+from foreshock.ingest.dataset import EVENT_SCHEMA, GROUND_TRUTH_SCHEMA, XID_SCHEMA
+from foreshock.ingest.simulator.counters import KeptRows
+from foreshock.ingest.simulator.gpu import XID_MESSAGES, GpuBaseline, GpuGenerator, pci_bus_ids
+from foreshock.ingest.simulator.links import LINK_STATES, LinkBaseline, LinkGenerator, link_port_names
+from foreshock.ingest.simulator.profile import Profile
+from foreshock.ingest.simulator.schedule import MS_PER_DAY, Failure, Schedule, draw_schedule
 
 __all__ = ["Simulator", "Chunk", "DEFAULT_START_MS", "DEFAULT_CHUNK_ROWS"]
 

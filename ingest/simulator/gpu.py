@@ -20,7 +20,7 @@ from typing import Final
 
 import numpy as np
 
-from ingest.simulator.counters import (
+from foreshock.ingest.simulator.counters import (
     Background,
     Increments,
     KeptRows,
@@ -28,8 +28,8 @@ from ingest.simulator.counters import (
     cumulative,
     stateful_gauge,
 )
-from ingest.simulator.profile import Profile
-from ingest.simulator.schedule import Episode, Failure, intensities
+from foreshock.ingest.simulator.profile import Profile
+from foreshock.ingest.simulator.schedule import Episode, Failure, intensities
 
 __all__ = ["GpuBaseline", "GpuChunk", "GpuGenerator", "XID_MESSAGES", "pci_bus_ids"]
 

@@ -14,9 +14,9 @@ from typing import Final
 
 import numpy as np
 
-from ingest.contract import LINK_COUNTERS
-from ingest.simulator.counters import Background, Increments, KeptRows, cumulative
-from ingest.simulator.schedule import Episode, Failure, intensities
+from foreshock.ingest.contract import LINK_COUNTERS
+from foreshock.ingest.simulator.counters import Background, Increments, KeptRows, cumulative
+from foreshock.ingest.simulator.schedule import Episode, Failure, intensities
 
 __all__ = ["LinkBaseline", "LinkGenerator", "link_port_names", "LINK_STATES"]
 

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ingest.bus import Bus
-from ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent
-from ingest.dataset import DatasetWriter
-from ingest.simulator.engine import Chunk, Simulator
-from ingest.stream import publish
+from foreshock.ingest.bus import Bus
+from foreshock.ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent
+from foreshock.ingest.dataset import DatasetWriter
+from foreshock.ingest.simulator.engine import Chunk, Simulator
+from foreshock.ingest.stream import publish
 
 __all__ = ["write_dataset", "stream", "node_events", "DEFAULT_PART_ROWS"]
 

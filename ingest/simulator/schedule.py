@@ -18,7 +18,7 @@ from typing import Final
 
 import numpy as np
 
-from ingest.simulator.profile import Profile
+from foreshock.ingest.simulator.profile import Profile
 
 __all__ = ["Failure", "Episode", "Schedule", "draw_schedule", "intensities", "MS_PER_DAY"]
 

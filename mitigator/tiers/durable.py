@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from mitigator.channels import write_json_atomic
+from foreshock.mitigator.channels import write_json_atomic
 
 __all__ = ["DurableTier", "durable_view", "latest_complete_snapshot"]
 

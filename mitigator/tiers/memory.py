@@ -27,7 +27,7 @@ from pathlib import Path
 import crc32c
 import torch
 
-from mitigator.tiers.layout import Layout
+from foreshock.mitigator.tiers.layout import Layout
 
 __all__ = ["CHUNK_BYTES", "SlotHeader", "Slot", "SlotPair", "chunk_crcs", "chunks"]
 

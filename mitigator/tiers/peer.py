@@ -19,8 +19,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from mitigator.tiers.memory import Slot, SlotHeader, SlotPair, chunk_crcs
-from mitigator.tiers.transport import CorruptStream, Transport, recv_snapshot, send_snapshot
+from foreshock.mitigator.tiers.memory import Slot, SlotHeader, SlotPair, chunk_crcs
+from foreshock.mitigator.tiers.transport import CorruptStream, Transport, recv_snapshot, send_snapshot
 
 __all__ = ["buddy_of", "ward_of", "RoundStats", "PeerReplicator"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from mitigator.tiers.memory import Slot, SlotHeader, SlotPair, chunk_crcs
-from mitigator.tiers.transport import CorruptStream, Transport, recv_snapshot, send_snapshot
+from foreshock.mitigator.tiers.memory import Slot, SlotHeader, SlotPair, chunk_crcs
+from foreshock.mitigator.tiers.transport import CorruptStream, Transport, recv_snapshot, send_snapshot
 
 __all__ = ["Holding", "Source", "RecoveryPlan", "inventory", "plan_recovery", "fetch"]
 

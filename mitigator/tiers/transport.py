@@ -1,7 +1,7 @@
 """Moving a snapshot between ranks: a small transport interface and the chunked, checksummed stream.
 
 The stream is a header (step, size, shard, layout length), the pickled layout, then the buffer in
-chunks of :data:`~mitigator.tiers.memory.CHUNK_BYTES`, each preceded by its step, index and CRC32C.
+chunks of :data:`~foreshock.mitigator.tiers.memory.CHUNK_BYTES`, each preceded by its step, index and CRC32C.
 The receiver checks every chunk against its CRC and step; a stream that fails a check is read to
 its end (so the next stream stays in step) and then rejected as a whole.
 
@@ -19,8 +19,8 @@ import crc32c
 import torch
 import torch.distributed as dist
 
-from mitigator.tiers.layout import Layout
-from mitigator.tiers.memory import Slot, SlotHeader, chunk_crcs, chunks
+from foreshock.mitigator.tiers.layout import Layout
+from foreshock.mitigator.tiers.memory import Slot, SlotHeader, chunk_crcs, chunks
 
 __all__ = ["Transport", "ProcessGroupTransport", "CorruptStream", "send_snapshot", "recv_snapshot"]
 

@@ -1,6 +1,6 @@
-"""ETTR against cluster size, from a goodput sweep (:func:`models.goodput.sweep`).
+"""ETTR against cluster size, from a goodput sweep (:func:`foreshock.models.goodput.sweep`).
 
-The ETTR-against-recall figure is :func:`models.goodput.plot.plot_ettr_vs_recall`; this module
+The ETTR-against-recall figure is :func:`foreshock.models.goodput.plot.plot_ettr_vs_recall`; this module
 adds the view across cluster sizes, where the case for prediction is made: a job's failure rate
 grows with its GPU count, so the ETTR lost to failures (and the share prediction wins back)
 grows with it.

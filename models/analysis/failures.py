@@ -1,6 +1,6 @@
 """Why nodes fail: the failure mix, foreshock timelines, Xid frequencies and time between failures.
 
-Inputs are a dataset folder in the layout of :mod:`ingest.dataset` (simulated, or collected and
+Inputs are a dataset folder in the layout of :mod:`foreshock.ingest.dataset` (simulated, or collected and
 labelled the same way) and, for the expected mix, a failure profile. Tables come back as pandas
 DataFrames a notebook can show; each ``plot_*`` draws one of them.
 """
@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ingest.collectors.xid_policy import XidPolicy
-from ingest.dataset import read_ground_truth, read_manifest, read_table
-from ingest.simulator.profile import Profile
+from foreshock.ingest.collectors.xid_policy import XidPolicy
+from foreshock.ingest.dataset import read_ground_truth, read_manifest, read_table
+from foreshock.ingest.simulator.profile import Profile
 
 __all__ = [
     "Signal",

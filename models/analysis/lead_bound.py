@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from models.alerting import WARNING_MINUTES, EvalRows
+from foreshock.models.alerting import WARNING_MINUTES, EvalRows
 
 __all__ = ["intensity_oracle", "against_oracle"]
 
@@ -33,7 +33,7 @@ def intensity_oracle(truth: pd.DataFrame, caught: int, horizon_minutes: float) -
     """The oracle that catches ``caught`` of the failures in ``truth`` (ground-truth rows of
     detectable failures: ``ts``, ``precursor_start_ms``, ``precursor_strength``): its ``theta``,
     how many it catches (fewer only where strengths tie at ``theta``), their median lead and
-    how many it warns at least :data:`~models.alerting.WARNING_MINUTES` ahead."""
+    how many it warns at least :data:`~foreshock.models.alerting.WARNING_MINUTES` ahead."""
     if "precursor_strength" not in truth.columns:
         raise ValueError(
             "the ground truth has no precursor_strength: the dataset was simulated before it was "
@@ -57,7 +57,7 @@ def against_oracle(
     rows: EvalRows, score: np.ndarray, threshold: float, truth: pd.DataFrame, horizon_minutes: float
 ) -> pd.DataFrame:
     """The predictor at ``threshold`` on ``rows`` and the oracle catching as many of the same
-    detectable failures (``truth``: :func:`ingest.dataset.read_ground_truth` of a simulated
+    detectable failures (``truth``: :func:`foreshock.ingest.dataset.read_ground_truth` of a simulated
     dataset): detectable failures caught, median lead and warnings 15 minutes ahead, one row each."""
     detectable = rows.failures[rows.failures["detectable"].eq(True)][["node", "failure_ts"]]
     judged = detectable.astype({"failure_ts": "int64"}).merge(

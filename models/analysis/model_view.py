@@ -5,7 +5,7 @@
 holding the training report's plots (for a registered model, the run's artifacts downloaded from
 MLflow). :func:`test_rows` rebuilds the rows of the run's test period from the dataset, so single
 failures can be explained with the model's SHAP values (LightGBM ``pred_contrib`` for the trees,
-plus the linear prior's exact terms: :meth:`models.artifact.RiskModel.contributions`).
+plus the linear prior's exact terms: :meth:`foreshock.models.artifact.RiskModel.contributions`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from models.alerting import EvalRows
-from models.artifact import RiskModel
-from models.evaluate import PREDICTORS, clear_ms_of, scores_of
-from models.frame import build_labelled
+from foreshock.models.alerting import EvalRows
+from foreshock.models.artifact import RiskModel
+from foreshock.models.evaluate import PREDICTORS, clear_ms_of, scores_of
+from foreshock.models.frame import build_labelled
 
 __all__ = [
     "ModelReport",
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 REPORT_PLOTS = ("pr_curves.png", "lead_time.png", "importance_gain.png", "importance_shap.png")
-"""Plots every training report holds (written by :mod:`models.plots`)."""
+"""Plots every training report holds (written by :mod:`foreshock.models.plots`)."""
 
 
 @dataclass(frozen=True)

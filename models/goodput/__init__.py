@@ -7,7 +7,7 @@ draws ETTR against recall. ``tiers`` is the tiered in-memory checkpoint model (m
 durable tiers) and ``projection`` its costs at scale from a drill file and published figures.
 """
 
-from models.goodput.compare import (
+from foreshock.models.goodput.compare import (
     JSON_KEYS,
     STRATEGIES,
     TIERED_STRATEGIES,
@@ -16,10 +16,10 @@ from models.goodput.compare import (
     run_strategies,
     sweep,
 )
-from models.goodput.projection import SOURCES, DrillReport, TierProjection, project
-from models.goodput.simulate import JobParams, SimResult, simulate
-from models.goodput.tiers import TierParams, ettr_tiered, pair_loss_probability, tier_intervals
-from models.goodput.traces import (
+from foreshock.models.goodput.projection import SOURCES, DrillReport, TierProjection, project
+from foreshock.models.goodput.simulate import JobParams, SimResult, simulate
+from foreshock.models.goodput.tiers import TierParams, ettr_tiered, pair_loss_probability, tier_intervals
+from foreshock.models.goodput.traces import (
     FailureTrace,
     from_ground_truth,
     from_profile,

@@ -11,15 +11,15 @@ Strategies (``STRATEGIES``):
   false alarms, no periodic checkpoints: the ceiling any predictor can reach.
 
 With a tiered job's parameters (``tiered``: a ``JobParams`` with ``tiers``, e.g. projected from a
-drill by ``models.goodput.projection``) two more (``TIERED_STRATEGIES``):
+drill by ``foreshock.models.goodput.projection``) two more (``TIERED_STRATEGIES``):
 
 * ``tiered``: memory, peer and durable tiers, no prediction; each tier's interval is Daly's for
-  its stall and the failures it protects against (``models.goodput.tiers.tier_intervals``);
+  its stall and the failures it protects against (``foreshock.models.goodput.tiers.tier_intervals``);
 * ``tiered+foreshock``: the same tiers, and each warning snapshots the flagged node's memory and
   moves it to a spare; the memory interval is Daly's for the failures left unpredicted.
 
 A pair-loss probability the tiered parameters leave open is estimated from the trace itself
-(``models.goodput.tiers.pair_loss_probability``) over the window in which one copy only exists.
+(``foreshock.models.goodput.tiers.pair_loss_probability``) over the window in which one copy only exists.
 
 All strategies see the same failures; the foreshock warnings come from one random draw per
 failure, so raising recall only adds warnings (common random numbers).
@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from models.goodput.simulate import JobParams, SimResult, simulate
-from models.goodput.tiers import draw_pair_losses, pair_loss_probability, pair_loss_window_s, tier_intervals
-from models.goodput.traces import FailureTrace
-from models.reliability import SECONDS_PER_DAY, daly_interval_seconds, mitigation_success_probability
+from foreshock.models.goodput.simulate import JobParams, SimResult, simulate
+from foreshock.models.goodput.tiers import draw_pair_losses, pair_loss_probability, pair_loss_window_s, tier_intervals
+from foreshock.models.goodput.traces import FailureTrace
+from foreshock.models.reliability import SECONDS_PER_DAY, daly_interval_seconds, mitigation_success_probability
 
 __all__ = ["STRATEGIES", "TIERED_STRATEGIES", "JSON_KEYS", "OperatingPoint", "draw_warnings", "resolve_tiers",
            "run_strategies", "compare", "sweep"]

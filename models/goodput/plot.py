@@ -17,7 +17,7 @@ def plot_ettr_vs_recall(table: pd.DataFrame, path: str | Path, *, operating_reca
                         title: str = "") -> Path:
     """Write ETTR of the ``foreshock`` strategy against recall, one line per cluster size.
 
-    ``table`` is the output of :func:`models.goodput.compare.sweep`. Each size also gets its
+    ``table`` is the output of :func:`foreshock.models.goodput.compare.sweep`. Each size also gets its
     ``young_daly`` (dashed) and ``oracle`` (dotted) ETTR as horizontal references, and a marker
     at ``operating_recall`` when given.
     """

@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from models.goodput.simulate import JobParams
-from models.goodput.tiers import TierParams
+from foreshock.models.goodput.simulate import JobParams
+from foreshock.models.goodput.tiers import TierParams
 
 __all__ = ["SOURCES", "DrillReport", "DrillScenario", "PathTime", "Recovery", "Source", "TierProjection",
            "project", "reinit_source"]

@@ -1,6 +1,6 @@
 """Event-driven goodput simulator: replays a failure trace against one checkpointed training job.
 
-The job model is the one the closed forms in ``models.reliability`` assume, so that a long
+The job model is the one the closed forms in ``foreshock.models.reliability`` assume, so that a long
 exponential trace reproduces ``ettr_periodic`` (the test suite checks it within 1 %):
 
 * A *run* starts when training (re)starts: compute ``interval_s``, blocking checkpoint write
@@ -23,7 +23,7 @@ exponential trace reproduces ``ettr_periodic`` (the test suite checks it within 
 * The general pool that crash restarts draw on is assumed never empty.
 
 With ``JobParams.tiers`` set, the job keeps tiered in-memory checkpoints instead
-(``models.goodput.tiers`` describes the model): ``interval_s`` is the memory-snapshot interval,
+(``foreshock.models.goodput.tiers`` describes the model): ``interval_s`` is the memory-snapshot interval,
 ``durable_every`` says which snapshots also go to storage, a crash rolls back to the last
 replicated snapshot (or, for a failure that takes both copies, to the last durable one) and costs
 the peer (or durable) recovery time, and a warning's proactive save is a memory snapshot
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.goodput.tiers import TierParams, draw_pair_losses
-from models.goodput.traces import FailureTrace
-from models.reliability import SECONDS_PER_DAY
+from foreshock.models.goodput.tiers import TierParams, draw_pair_losses
+from foreshock.models.goodput.traces import FailureTrace
+from foreshock.models.reliability import SECONDS_PER_DAY
 
 __all__ = ["JobParams", "SimResult", "simulate", "reference_periodic_ettr"]
 
@@ -169,7 +169,7 @@ class _Job:
 
 
 class _TieredJob(_Job):
-    """A job with memory, peer and durable tiers (see ``models.goodput.tiers``).
+    """A job with memory, peer and durable tiers (see ``foreshock.models.goodput.tiers``).
 
     ``productive`` is the compute held by the point the job would restore to now; ``durable`` the
     compute held by the last durable snapshot, where a pair loss sends it back. Snapshots are

@@ -14,7 +14,7 @@ An unwarned failure loses the work since the last replicated snapshot and costs
 ``pair_loss_probability`` the failure takes both copies (the node and its buddy), and then the
 work since the last durable snapshot is lost and recovery costs ``durable_recovery_s``. A warned
 failure snapshots the node's memory and moves it to a spare: ``snapshot_s`` plus the job's
-``migration_s``, no durable write and no work lost (see ``models.goodput.simulate``).
+``migration_s``, no durable write and no work lost (see ``foreshock.models.goodput.simulate``).
 
 The intervals are Young/Daly-optimal for each tier's stall and the failures that tier protects
 against (:func:`tier_intervals`): the memory tier every unwarned failure, the durable tier the
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.goodput.traces import FailureTrace
-from models.reliability import daly_interval_seconds, ettr_with_warnings
+from foreshock.models.goodput.traces import FailureTrace
+from foreshock.models.reliability import daly_interval_seconds, ettr_with_warnings
 
 __all__ = [
     "MAX_DURABLE_EVERY",

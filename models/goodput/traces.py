@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ingest.dataset import read_ground_truth, read_manifest
-from ingest.simulator.calibration import cause_of
-from models.reliability import SECONDS_PER_DAY
+from foreshock.ingest.dataset import read_ground_truth, read_manifest
+from foreshock.ingest.simulator.calibration import cause_of
+from foreshock.models.reliability import SECONDS_PER_DAY
 
 __all__ = [
     "FailureTrace",

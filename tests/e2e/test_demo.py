@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ingest.dataset import read_ground_truth, read_manifest
-from models.registry import champion_version, sqlite_uri
+from foreshock.ingest.dataset import read_ground_truth, read_manifest
+from foreshock.models.registry import champion_version, sqlite_uri
 
 pytestmark = pytest.mark.e2e
 

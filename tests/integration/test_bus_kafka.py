@@ -9,9 +9,9 @@ from collections import defaultdict
 import msgspec
 import pytest
 
-from ingest.contract import DeadLetter, GpuSample, Topic
-from ingest.kafka_bus import KafkaBus, ensure_topics
-from ingest.stream import RecordStream, publish
+from foreshock.ingest.contract import DeadLetter, GpuSample, Topic
+from foreshock.ingest.kafka_bus import KafkaBus, ensure_topics
+from foreshock.ingest.stream import RecordStream, publish
 
 pytestmark = pytest.mark.integration
 

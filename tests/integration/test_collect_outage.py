@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from ingest.contract import Topic
-from ingest.kafka_bus import KafkaBus, ensure_topics
-from ingest.kafka_local import LocalKafka
-from ingest.stream import RecordStream, now_ms
+from foreshock.ingest.contract import Topic
+from foreshock.ingest.kafka_bus import KafkaBus, ensure_topics
+from foreshock.ingest.kafka_local import LocalKafka
+from foreshock.ingest.stream import RecordStream, now_ms
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ingest.contract import NodeEvent, Topic, XidEvent
-from ingest.kafka_bus import KafkaBus
-from ingest.stream import RecordStream
+from foreshock.ingest.contract import NodeEvent, Topic, XidEvent
+from foreshock.ingest.kafka_bus import KafkaBus
+from foreshock.ingest.stream import RecordStream
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

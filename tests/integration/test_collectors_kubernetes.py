@@ -10,10 +10,10 @@ import sys
 import pytest
 from kubernetes import client
 
-from ingest.collectors.kube_nodes import KubeNodePoll, node_class
-from ingest.collectors.node_states import NodeStateCollector
-from ingest.contract import KUBE_DRAIN_TAINT, Topic, decode
-from mitigator.kube import KubernetesAdapter
+from foreshock.ingest.collectors.kube_nodes import KubeNodePoll, node_class
+from foreshock.ingest.collectors.node_states import NodeStateCollector
+from foreshock.ingest.contract import KUBE_DRAIN_TAINT, Topic, decode
+from foreshock.mitigator.kube import KubernetesAdapter
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from foreshock.cli import app
-from ingest.collectors.node_states import NodeStateCollector
-from ingest.collectors.slurm import SinfoPoll
-from ingest.contract import Topic, decode
+from foreshock.ingest.collectors.node_states import NodeStateCollector
+from foreshock.ingest.collectors.slurm import SinfoPoll
+from foreshock.ingest.contract import Topic, decode
 
 pytestmark = pytest.mark.integration
 
@@ -82,14 +82,14 @@ def test_collect_cli_prints_node_events(slurm_cluster, tmp_path, monkeypatch):
 def test_the_mitigators_drain_is_closed_by_the_collectors_repaired(slurm_cluster, tmp_path):
     """Mitigator drains through Slurm, an operator resumes the repaired node, the collector's
     ``repaired`` event brings the mitigator's view of it back (the loop no simulator closes here)."""
-    from ingest.bus import InMemoryBus
-    from ingest.contract import RiskScore
-    from mitigator.audit import AuditLog
-    from mitigator.engine import MitigationEngine
-    from mitigator.executor import Executor
-    from mitigator.lifecycle import NodeState
-    from mitigator.schedulers import SlurmAdapter
-    from mitigator.service import MitigationService
+    from foreshock.ingest.bus import InMemoryBus
+    from foreshock.ingest.contract import RiskScore
+    from foreshock.mitigator.audit import AuditLog
+    from foreshock.mitigator.engine import MitigationEngine
+    from foreshock.mitigator.executor import Executor
+    from foreshock.mitigator.lifecycle import NodeState
+    from foreshock.mitigator.schedulers import SlurmAdapter
+    from foreshock.mitigator.service import MitigationService
 
     engine = MitigationEngine(fleet_size=3, clock=lambda: 2_000)  # received when scored
     executor = Executor(AuditLog(tmp_path / "audit.sqlite"), scheduler=SlurmAdapter(env=slurm_cluster.env))

@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from features import DEFAULT_FEATURE_SET
-from features.batch import compute_features, compute_features_dask, read_frames
-from features.online import OnlineFeatureEngine
+from foreshock.features import DEFAULT_FEATURE_SET
+from foreshock.features.batch import compute_features, compute_features_dask, read_frames
+from foreshock.features.online import OnlineFeatureEngine
 from foreshock.cli import app
-from ingest.contract import RETURN_EVENTS
-from ingest.dataset import read_events, read_ground_truth
-from ingest.simulator import Simulator, load_profile, write_dataset
+from foreshock.ingest.contract import RETURN_EVENTS
+from foreshock.ingest.dataset import read_events, read_ground_truth
+from foreshock.ingest.simulator import Simulator, load_profile, write_dataset
 
 pytestmark = pytest.mark.integration
 

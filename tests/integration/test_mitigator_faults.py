@@ -27,14 +27,14 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from ingest.contract import MitigationEvent, NodeEvent, RiskScore, Topic
-from ingest.kafka_bus import KafkaBus
-from ingest.kafka_local import free_port
-from ingest.stream import now_ms, publish
-from mitigator.audit import AuditLog
-from mitigator.channels import Command, FileChannel
-from mitigator.jobs import write_job_status
-from mitigator.plan import JobView
+from foreshock.ingest.contract import MitigationEvent, NodeEvent, RiskScore, Topic
+from foreshock.ingest.kafka_bus import KafkaBus
+from foreshock.ingest.kafka_local import free_port
+from foreshock.ingest.stream import now_ms, publish
+from foreshock.mitigator.audit import AuditLog
+from foreshock.mitigator.channels import Command, FileChannel
+from foreshock.mitigator.jobs import write_job_status
+from foreshock.mitigator.plan import JobView
 from tests.integration.test_predictor_kafka import TopicReader
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

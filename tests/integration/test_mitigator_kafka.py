@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from ingest.contract import RiskScore, Topic, decode
-from ingest.kafka_bus import KafkaBus
-from ingest.stream import now_ms, publish
-from mitigator.channels import Command, TopicChannel
+from foreshock.ingest.contract import RiskScore, Topic, decode
+from foreshock.ingest.kafka_bus import KafkaBus
+from foreshock.ingest.stream import now_ms, publish
+from foreshock.mitigator.channels import Command, TopicChannel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -10,16 +10,16 @@ import time
 
 import pytest
 
-from ingest.bus import InMemoryBus
-from ingest.contract import RiskScore
-from ingest.stream import now_ms, publish
-from mitigator.audit import AuditLog
-from mitigator.engine import MitigationEngine
-from mitigator.executor import Executor
-from mitigator.kube import TAINT_KEY, KubernetesAdapter
-from mitigator.lifecycle import NodeState
-from mitigator.policy import ExpectedLossPolicy, PolicyConfig
-from mitigator.service import MitigationService
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import RiskScore
+from foreshock.ingest.stream import now_ms, publish
+from foreshock.mitigator.audit import AuditLog
+from foreshock.mitigator.engine import MitigationEngine
+from foreshock.mitigator.executor import Executor
+from foreshock.mitigator.kube import TAINT_KEY, KubernetesAdapter
+from foreshock.mitigator.lifecycle import NodeState
+from foreshock.mitigator.policy import ExpectedLossPolicy, PolicyConfig
+from foreshock.mitigator.service import MitigationService
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mitigator.kube import TAINT_KEY, KubernetesAdapter
-from mitigator.schedulers import SchedulerError
+from foreshock.mitigator.kube import TAINT_KEY, KubernetesAdapter
+from foreshock.mitigator.schedulers import SchedulerError
 
 pytestmark = pytest.mark.integration
 

@@ -7,15 +7,15 @@ import time
 
 import pytest
 
-from ingest.bus import InMemoryBus
-from ingest.contract import RiskScore
-from ingest.stream import now_ms
-from mitigator.audit import AuditLog
-from mitigator.engine import MitigationEngine
-from mitigator.executor import Executor
-from mitigator.policy import ExpectedLossPolicy, PolicyConfig
-from mitigator.schedulers import SchedulerError, SlurmAdapter
-from mitigator.service import MitigationService
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import RiskScore
+from foreshock.ingest.stream import now_ms
+from foreshock.mitigator.audit import AuditLog
+from foreshock.mitigator.engine import MitigationEngine
+from foreshock.mitigator.executor import Executor
+from foreshock.mitigator.policy import ExpectedLossPolicy, PolicyConfig
+from foreshock.mitigator.schedulers import SchedulerError, SlurmAdapter
+from foreshock.mitigator.service import MitigationService
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from models.train import PRIOR_WEIGHT, train_from_dataset
+from foreshock.models.train import PRIOR_WEIGHT, train_from_dataset
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def test_every_dask_worker_bins_with_the_tail_bounds():
     import pandas as pd
     from distributed import LocalCluster
 
-    from models.train import DEFAULT_PARAMS, fit_booster
+    from foreshock.models.train import DEFAULT_PARAMS, fit_booster
 
     rng = np.random.default_rng(2)
     x = pd.DataFrame({"spread": rng.normal(size=100_000)})

@@ -11,9 +11,9 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from foreshock.cli import app
-from models.artifact import RiskModel
-from models.registry import CHAMPION_ALIAS, MODEL_NAME, champion_version, load_champion
-from models.train import train_from_dataset
+from foreshock.models.artifact import RiskModel
+from foreshock.models.registry import CHAMPION_ALIAS, MODEL_NAME, champion_version, load_champion
+from foreshock.models.train import train_from_dataset
 
 pytestmark = pytest.mark.integration
 

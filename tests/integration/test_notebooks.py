@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from ingest.simulator import Simulator, load_profile, write_dataset
+from foreshock.ingest.simulator import Simulator, load_profile, write_dataset
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +116,7 @@ def test_goodput(tmp_path: Path) -> None:
 
 def test_model_report(dataset: Path, tmp_path: Path) -> None:
     """The registered-model path: the report's plots come back from the MLflow run's artifacts."""
-    from models.train import train_from_dataset
+    from foreshock.models.train import train_from_dataset
 
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     train_from_dataset(

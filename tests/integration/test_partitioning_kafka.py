@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from ingest.kafka_bus import KafkaBus, ensure_topics
+from foreshock.ingest.kafka_bus import KafkaBus, ensure_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120),
               pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by `make services`")]

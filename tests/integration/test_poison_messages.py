@@ -23,11 +23,11 @@ import httpx
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from ingest.contract import DEAD_LETTER_MAX_VALUE, TOMBSTONE_REASON, GpuSample, RiskScore, Topic, encode
-from ingest.kafka_bus import KafkaBus
-from ingest.kafka_local import free_port
-from ingest.simulator import stream
-from ingest.stream import now_ms, publish
+from foreshock.ingest.contract import DEAD_LETTER_MAX_VALUE, TOMBSTONE_REASON, GpuSample, RiskScore, Topic, encode
+from foreshock.ingest.kafka_bus import KafkaBus
+from foreshock.ingest.kafka_local import free_port
+from foreshock.ingest.simulator import stream
+from foreshock.ingest.stream import now_ms, publish
 from tests.fixtures.predictor import simulator
 from tests.integration.test_predictor_kafka import (
     TOKEN,

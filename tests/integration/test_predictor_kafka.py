@@ -21,17 +21,17 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from mlflow.tracking import MlflowClient
 
-from features import DEFAULT_FEATURE_SET
-from ingest.bus import InMemoryBus
-from ingest.contract import RiskScore, Topic, decode
-from ingest.kafka_bus import KafkaBus
-from ingest.kafka_local import free_port
-from ingest.simulator import stream
-from models.artifact import RiskModel
-from models.registry import CHAMPION_ALIAS, CHAMPION_URI, MODEL_NAME, log_and_register
-from predictor.engines import OnlineEngines
-from predictor.model_source import PathModelSource
-from predictor.service import RiskService, ServiceConfig
+from foreshock.features import DEFAULT_FEATURE_SET
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import RiskScore, Topic, decode
+from foreshock.ingest.kafka_bus import KafkaBus
+from foreshock.ingest.kafka_local import free_port
+from foreshock.ingest.simulator import stream
+from foreshock.models.artifact import RiskModel
+from foreshock.models.registry import CHAMPION_ALIAS, CHAMPION_URI, MODEL_NAME, log_and_register
+from foreshock.predictor.engines import OnlineEngines
+from foreshock.predictor.model_source import PathModelSource
+from foreshock.predictor.service import RiskService, ServiceConfig
 from tests.fixtures.kafka import PARTITIONS
 from tests.fixtures.predictor import simulator
 

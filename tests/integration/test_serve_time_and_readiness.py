@@ -19,14 +19,14 @@ import time
 
 import pytest
 
-from features import DEFAULT_FEATURE_SET
-from ingest.contract import MAX_EPOCH_MS, GpuSample, Topic, encode
-from ingest.kafka_bus import KafkaBus, ensure_topics
-from ingest.kafka_local import LocalKafka
-from ingest.simulator import stream
-from ingest.stream import now_ms
-from predictor.checkpoint import CheckpointStore
-from predictor.engines import OnlineEngines
+from foreshock.features import DEFAULT_FEATURE_SET
+from foreshock.ingest.contract import MAX_EPOCH_MS, GpuSample, Topic, encode
+from foreshock.ingest.kafka_bus import KafkaBus, ensure_topics
+from foreshock.ingest.kafka_local import LocalKafka
+from foreshock.ingest.simulator import stream
+from foreshock.ingest.stream import now_ms
+from foreshock.predictor.checkpoint import CheckpointStore
+from foreshock.predictor.engines import OnlineEngines
 from tests.fixtures.kafka import PARTITIONS
 from tests.fixtures.predictor import simulator
 from tests.integration.test_poison_messages import FolderServe, kcat_produce

@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from foreshock.cli import app
 from foreshock.commands.simulate import profile_path
-from ingest.contract import Topic
-from ingest.kafka_bus import KafkaBus
-from ingest.simulator import Simulator, load_profile
-from ingest.stream import RecordStream
+from foreshock.ingest.contract import Topic
+from foreshock.ingest.kafka_bus import KafkaBus
+from foreshock.ingest.simulator import Simulator, load_profile
+from foreshock.ingest.stream import RecordStream
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ingest.collectors.xid_policy import load_xid_policy
-from ingest.dataset import read_ground_truth, read_manifest, read_table
-from ingest.simulator import Simulator, load_profile, write_dataset
-from models.analysis import failures as fa
+from foreshock.ingest.collectors.xid_policy import load_xid_policy
+from foreshock.ingest.dataset import read_ground_truth, read_manifest, read_table
+from foreshock.ingest.simulator import Simulator, load_profile, write_dataset
+from foreshock.models.analysis import failures as fa
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from models.alerting import EvalRows
-from models.analysis.lead_bound import against_oracle, intensity_oracle
+from foreshock.models.alerting import EvalRows
+from foreshock.models.analysis.lead_bound import against_oracle, intensity_oracle
 
 MIN = 60_000
 

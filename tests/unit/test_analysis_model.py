@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from models.alerting import EvalRows
-from models.analysis import ettr
-from models.analysis import model_view as mv
-from models.artifact import RiskModel
+from foreshock.models.alerting import EvalRows
+from foreshock.models.analysis import ettr
+from foreshock.models.analysis import model_view as mv
+from foreshock.models.artifact import RiskModel
 
 H = 3_600_000
 

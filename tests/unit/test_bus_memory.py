@@ -1,8 +1,8 @@
 """The in-memory bus keeps Kafka's semantics: key order, group ownership, commit-then-resume."""
 
-from ingest.bus import InMemoryBus
-from ingest.contract import GpuSample, Topic
-from ingest.stream import RecordStream, publish
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import GpuSample, Topic
+from foreshock.ingest.stream import RecordStream, publish
 
 
 def _samples(nodes: int, steps: int):

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from foreshock.cli import app
 from foreshock.commands.collect import CapturedKind, Source, run_collector
-from ingest.collectors import collector_names, parser_names
-from ingest.contract import Topic, decode
+from foreshock.ingest.collectors import collector_names, parser_names
+from foreshock.ingest.contract import Topic, decode
 
 DATA = Path(__file__).parents[1] / "data" / "collectors"
 
@@ -64,7 +64,7 @@ def test_collect_needs_exactly_one_sink():
 def test_docstring_examples():
     import doctest
 
-    from ingest.collectors import infiniband, kernel_log, pci
+    from foreshock.ingest.collectors import infiniband, kernel_log, pci
 
     for module in (pci, kernel_log, infiniband):
         failed, attempted = doctest.testmod(module)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ingest.collectors import CollectorOptions, create_collector, parser_for
-from ingest.collectors.dcgm import DcgmExporterCollector, parse_exposition
-from ingest.contract import GPU_FIELDS, Topic, decode, encode
+from foreshock.ingest.collectors import CollectorOptions, create_collector, parser_for
+from foreshock.ingest.collectors.dcgm import DcgmExporterCollector, parse_exposition
+from foreshock.ingest.contract import GPU_FIELDS, Topic, decode, encode
 
 DATA = Path(__file__).parents[1] / "data" / "collectors" / "dcgm"
 SCRAPES = sorted(DATA.glob("*.prom"))

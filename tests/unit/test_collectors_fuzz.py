@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.collectors import CollectorOptions, parser_for
-from ingest.collectors.kmsg import journal_line
-from ingest.contract import RECORD_TYPES, decode, encode, topic_of
+from foreshock.ingest.collectors import CollectorOptions, parser_for
+from foreshock.ingest.collectors.kmsg import journal_line
+from foreshock.ingest.contract import RECORD_TYPES, decode, encode, topic_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -95,7 +95,7 @@ def test_huge_lines_are_skipped_in_bounded_time(kind):
 
 
 def test_the_file_source_cuts_a_line_that_never_ends(tmp_path):
-    from ingest.collectors.kmsg import FileSource
+    from foreshock.ingest.collectors.kmsg import FileSource
 
     log = tmp_path / "kern.log"
     log.write_bytes(b"x" * 5_000_000 + b"\n" + REAL_XID[0] + b"\n")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ingest.collectors import CollectorOptions, CollectorUnavailable, create_collector, parser_for
-from ingest.collectors.infiniband import InfinibandCollector
-from ingest.contract import LINK_COUNTERS, Topic, decode, encode
+from foreshock.ingest.collectors import CollectorOptions, CollectorUnavailable, create_collector, parser_for
+from foreshock.ingest.collectors.infiniband import InfinibandCollector
+from foreshock.ingest.contract import LINK_COUNTERS, Topic, decode, encode
 
 DATA = Path(__file__).parents[1] / "data" / "collectors" / "ib"
 TREE = DATA / "sys-class-infiniband"

@@ -8,19 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from ingest.collectors import CollectorOptions, create_collector, parser_for
-from ingest.collectors.fold import XidFolder
-from ingest.collectors.kernel_log import KernelLineParser
-from ingest.collectors.kmsg import (
+from foreshock.ingest.collectors import CollectorOptions, create_collector, parser_for
+from foreshock.ingest.collectors.fold import XidFolder
+from foreshock.ingest.collectors.kernel_log import KernelLineParser
+from foreshock.ingest.collectors.kmsg import (
     DevKmsgSource,
     FileSource,
     KernelLogCollector,
     gpu_indexes_from_proc,
     journal_line,
 )
-from ingest.collectors.pci import normalize_pci_bus_id
-from ingest.collectors.xid_policy import load_xid_policy
-from ingest.contract import LinkSample, Topic, XidEvent, decode, encode
+from foreshock.ingest.collectors.pci import normalize_pci_bus_id
+from foreshock.ingest.collectors.xid_policy import load_xid_policy
+from foreshock.ingest.contract import LinkSample, Topic, XidEvent, decode, encode
 
 DATA = Path(__file__).parents[1] / "data" / "collectors" / "xid"
 CLOCK_MS = 1_800_000_000_000

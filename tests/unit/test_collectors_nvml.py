@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from ingest.collectors import CollectorOptions, CollectorUnavailable, create_collector
-from ingest.collectors.nvml import NvmlCollector, open_nvml
-from ingest.collectors.xid_policy import load_xid_policy
-from ingest.contract import Topic, XidEvent, decode, encode
+from foreshock.ingest.collectors import CollectorOptions, CollectorUnavailable, create_collector
+from foreshock.ingest.collectors.nvml import NvmlCollector, open_nvml
+from foreshock.ingest.collectors.xid_policy import load_xid_policy
+from foreshock.ingest.contract import Topic, XidEvent, decode, encode
 
 
 def _has_gpu() -> bool:

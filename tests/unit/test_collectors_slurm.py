@@ -1,4 +1,4 @@
-"""The node-state collector (:mod:`ingest.collectors.node_states`) on scripted ``sinfo`` output
+"""The node-state collector (:mod:`foreshock.ingest.collectors.node_states`) on scripted ``sinfo`` output
 (the real sinfo and the Kubernetes node list: tests/integration)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ingest.collectors import CollectorOptions, CollectorUnavailable
-from ingest.collectors.node_states import NodeStateCollector
-from ingest.collectors.slurm import SINFO_ARGS, SinfoPoll, parse_sinfo, service_class
+from foreshock.ingest.collectors import CollectorOptions, CollectorUnavailable
+from foreshock.ingest.collectors.node_states import NodeStateCollector
+from foreshock.ingest.collectors.slurm import SINFO_ARGS, SinfoPoll, parse_sinfo, service_class
 
 
 class ScriptedSinfo:
@@ -146,7 +146,7 @@ def test_a_foreign_state_file_is_refused(tmp_path):
 
 
 def test_registered_under_slurm(monkeypatch):
-    from ingest.collectors import create_collector
+    from foreshock.ingest.collectors import create_collector
 
     with pytest.raises(CollectorUnavailable, match="no folder"):
         create_collector("slurm", CollectorOptions(node="", path=Path("/nonexistent/dir/state.json")))

@@ -5,7 +5,7 @@ import gc
 import msgspec
 import pytest
 
-from ingest.contract import (
+from foreshock.ingest.contract import (
     GPU_FIELDS,
     RECORD_TYPES,
     SCHEMA_VERSION,

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ingest.bus import InMemoryBus
-from ingest.collectors import CollectorOptions, parser_for
-from ingest.contract import RECORD_TYPES, Topic, decode, encode, topic_of
-from ingest.contract import RecordError as ContractRecordError
-from ingest.simulator import stream
-from ingest.stream import RecordStream
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.collectors import CollectorOptions, parser_for
+from foreshock.ingest.contract import RECORD_TYPES, Topic, decode, encode, topic_of
+from foreshock.ingest.contract import RecordError as ContractRecordError
+from foreshock.ingest.simulator import stream
+from foreshock.ingest.stream import RecordStream
 from tests.fixtures.predictor import simulator
 from tests.unit.test_contract import SAMPLES
 

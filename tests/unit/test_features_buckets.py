@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from features.buckets import _increases, _Runs
+from foreshock.features.buckets import _increases, _Runs
 
 
 def test_unreported_counters_add_nothing_and_keep_their_carry():

@@ -14,16 +14,16 @@ import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
 
-from features import DEFAULT_FEATURE_SET
-from features.batch import compute_features
-from features.buckets import _KEY_SHIFT
-from features.online import _KEY_BUCKETS, OnlineFeatureEngine
-from ingest.bus import InMemoryBus
-from ingest.contract import MAX_EPOCH_MS, GpuSample
-from predictor.api import create_app
-from predictor.engines import OnlineEngines
-from predictor.model_source import PathModelSource
-from predictor.service import RiskService, ServiceConfig
+from foreshock.features import DEFAULT_FEATURE_SET
+from foreshock.features.batch import compute_features
+from foreshock.features.buckets import _KEY_SHIFT
+from foreshock.features.online import _KEY_BUCKETS, OnlineFeatureEngine
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import MAX_EPOCH_MS, GpuSample
+from foreshock.predictor.api import create_app
+from foreshock.predictor.engines import OnlineEngines
+from foreshock.predictor.model_source import PathModelSource
+from foreshock.predictor.service import RiskService, ServiceConfig
 from tests.unit.test_features_parity import SETS, T0, assert_same, feed, make_stream
 
 M = 60_000

@@ -1,7 +1,7 @@
 """The open buckets' statistics, kept current update by update, equal one fold of the same records.
 
 The online engine folds each update's records into the still-open buckets
-(:class:`features.buckets.PartialBuckets`) instead of bucketing those again at every read. The
+(:class:`foreshock.features.buckets.PartialBuckets`) instead of bucketing those again at every read. The
 tests below require that to change nothing, bit for bit: folding a stream in many pieces gives
 the statistics (and counter carry) of one fold; a record that would make a fold inexact (older
 than, or a duplicate of, one already folded for its node) is refused; and an engine fed random
@@ -22,10 +22,10 @@ import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from features.batch import compute_features
-from features.buckets import Carry, PartialBuckets, bucketize, gpu_columns
-from features.frames import KINDS, Codes, to_columns
-from features.online import OnlineFeatureEngine
+from foreshock.features.batch import compute_features
+from foreshock.features.buckets import Carry, PartialBuckets, bucketize, gpu_columns
+from foreshock.features.frames import KINDS, Codes, to_columns
+from foreshock.features.online import OnlineFeatureEngine
 from tests.unit.test_features_parity import SETS, T0, M, assert_same, feed, make_stream
 
 

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from features import DEFAULT_FEATURE_SET, Feature, FeatureSet, PeerFeature
-from features.batch import compute_features
-from features.default_set import XID_CLASSES
-from features.kernels import AGGREGATIONS, add_peer_features
-from features.online import OnlineFeatureEngine
-from features.spec import GPU_COUNTERS
-from ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent
+from foreshock.features import DEFAULT_FEATURE_SET, Feature, FeatureSet, PeerFeature
+from foreshock.features.batch import compute_features
+from foreshock.features.default_set import XID_CLASSES
+from foreshock.features.kernels import AGGREGATIONS, add_peer_features
+from foreshock.features.online import OnlineFeatureEngine
+from foreshock.features.spec import GPU_COUNTERS
+from foreshock.ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent
 
 M = 60_000
 T0 = 1_767_225_600_000  # 2026-01-01

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from features.batch import compute_features
-from features.spec import Feature, FeatureSet
+from foreshock.features.batch import compute_features
+from foreshock.features.spec import Feature, FeatureSet
 from tests.unit.test_features_parity import REGISTRY_SET, make_stream
 
 B = 60_000

@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from features import DEFAULT_FEATURE_SET
-from features.batch import compute_features
-from features.online import OnlineFeatureEngine
-from features.returns import NO_FLOOR, window_floors
+from foreshock.features import DEFAULT_FEATURE_SET
+from foreshock.features.batch import compute_features
+from foreshock.features.online import OnlineFeatureEngine
+from foreshock.features.returns import NO_FLOOR, window_floors
 from tests.unit.test_features_parity import assert_same
 
 M = 60_000

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from features import DEFAULT_FEATURE_SET, Feature, FeatureSet, PeerFeature
-from features.kernels import AGGREGATIONS
-from features.spec import GPU_COUNTERS, field_kind
-from ingest.contract import LINK_COUNTERS
+from foreshock.features import DEFAULT_FEATURE_SET, Feature, FeatureSet, PeerFeature
+from foreshock.features.kernels import AGGREGATIONS
+from foreshock.features.spec import GPU_COUNTERS, field_kind
+from foreshock.ingest.contract import LINK_COUNTERS
 
 H = 3_600_000
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from foreshock.cli import app
-from models.goodput import JSON_KEYS, SOURCES, STRATEGIES, TIERED_STRATEGIES
+from foreshock.models.goodput import JSON_KEYS, SOURCES, STRATEGIES, TIERED_STRATEGIES
 
 runner = CliRunner()
 

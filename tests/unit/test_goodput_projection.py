@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from models.goodput import SOURCES, DrillReport, JobParams, project
+from foreshock.models.goodput import SOURCES, DrillReport, JobParams, project
 
 SAMPLE = Path(__file__).resolve().parents[2] / "tests" / "data" / "drill" / "sample.json"
 

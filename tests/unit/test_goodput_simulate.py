@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from models.goodput import FailureTrace, JobParams, OperatingPoint, run_strategies, simulate
-from models.goodput.simulate import reference_periodic_ettr
-from models.reliability import (
+from foreshock.models.goodput import FailureTrace, JobParams, OperatingPoint, run_strategies, simulate
+from foreshock.models.goodput.simulate import reference_periodic_ettr
+from foreshock.models.reliability import (
     daly_interval_seconds,
     ettr_periodic,
     ettr_with_prediction,

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import models.goodput.tiers
-from models.goodput import (
+import foreshock.models.goodput.tiers
+from foreshock.models.goodput import (
     FailureTrace,
     JobParams,
     OperatingPoint,
@@ -25,8 +25,8 @@ from models.goodput import (
     simulate,
     tier_intervals,
 )
-from models.goodput.tiers import MAX_DURABLE_EVERY, ettr_tiered_with_prediction
-from models.reliability import daly_interval_seconds, mitigation_success_probability
+from foreshock.models.goodput.tiers import MAX_DURABLE_EVERY, ettr_tiered_with_prediction
+from foreshock.models.reliability import daly_interval_seconds, mitigation_success_probability
 
 from .test_goodput_simulate import exponential_trace, hand_trace
 
@@ -196,4 +196,4 @@ def test_tiered_parameters_are_checked():
 
 
 def test_doctests():
-    assert doctest.testmod(models.goodput.tiers).failed == 0
+    assert doctest.testmod(foreshock.models.goodput.tiers).failed == 0

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from models.goodput import from_ground_truth, from_profile, load_infinitehbd, load_profile, resize
-from models.goodput.compare import OperatingPoint, sweep
+from foreshock.models.goodput import from_ground_truth, from_profile, load_infinitehbd, load_profile, resize
+from foreshock.models.goodput.compare import OperatingPoint, sweep
 
 REPO = Path(__file__).resolve().parents[2]
 INFINITEHBD = REPO / "datasets" / "traces" / "infinitehbd" / "fault_trace.json"

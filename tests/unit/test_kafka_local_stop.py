@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from ingest.kafka_local import stop_process_group
+from foreshock.ingest.kafka_local import stop_process_group
 
 _STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
              "time.sleep(60)")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ingest.bus import InMemoryBus
-from ingest.contract import Topic, decode
-from mitigator.channels import Command, TopicChannel
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import Topic, decode
+from foreshock.mitigator.channels import Command, TopicChannel
 
 
 def test_a_tombstone_or_garbage_on_the_command_topic_is_dead_lettered_and_commands_still_arrive():

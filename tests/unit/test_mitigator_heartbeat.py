@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from mitigator.tiers.heartbeat import Heartbeat
+from foreshock.mitigator.tiers.heartbeat import Heartbeat
 
 
 def _store() -> tuple[dist.TCPStore, int]:

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mitigator.channels import Command, FileChannel
-from mitigator.hook import TrainingHook, latest_complete_snapshot
-from mitigator.jobs import FileJobs
+from foreshock.mitigator.channels import Command, FileChannel
+from foreshock.mitigator.hook import TrainingHook, latest_complete_snapshot
+from foreshock.mitigator.jobs import FileJobs
 
 
 @pytest.fixture
@@ -118,9 +118,11 @@ def test_importing_the_hook_loads_no_cluster_side_service():
     import subprocess
     import sys
 
-    code = ("import sys, mitigator.hook; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('kafka', 'predictor', 'features', 'models', 'fastapi') or m in ('mitigator.policy', "
-            "'mitigator.service', 'mitigator.engine', 'mitigator.executor', 'mitigator.schedulers'))))")
+    cluster_side = ("kafka", "fastapi", "foreshock.predictor", "foreshock.features", "foreshock.models",
+                    "foreshock.mitigator.policy", "foreshock.mitigator.service", "foreshock.mitigator.engine",
+                    "foreshock.mitigator.executor", "foreshock.mitigator.schedulers")
+    code = ("import sys, foreshock.mitigator.hook; "
+            f"print(' '.join(sorted(m for m in sys.modules if m.startswith({cluster_side!r}))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 

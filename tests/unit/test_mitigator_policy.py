@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.bus import InMemoryBus
-from ingest.contract import MitigationEvent, NodeEvent, RiskScore, Topic, decode
-from ingest.stream import publish
-from mitigator.audit import AuditLog
-from mitigator.channels import FileChannel
-from mitigator.engine import MitigationEngine
-from mitigator.executor import Executor
-from mitigator.jobs import StaticJobs
-from mitigator.lifecycle import IllegalTransition, NodeState, check_transition
-from mitigator.plan import JobView
-from mitigator.policy import ExpectedLossPolicy, PolicyConfig
-from mitigator.service import MitigationService, breaker_reset_request, pin_request
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import MitigationEvent, NodeEvent, RiskScore, Topic, decode
+from foreshock.ingest.stream import publish
+from foreshock.mitigator.audit import AuditLog
+from foreshock.mitigator.channels import FileChannel
+from foreshock.mitigator.engine import MitigationEngine
+from foreshock.mitigator.executor import Executor
+from foreshock.mitigator.jobs import StaticJobs
+from foreshock.mitigator.lifecycle import IllegalTransition, NodeState, check_transition
+from foreshock.mitigator.plan import JobView
+from foreshock.mitigator.policy import ExpectedLossPolicy, PolicyConfig
+from foreshock.mitigator.service import MitigationService, breaker_reset_request, pin_request
 
 T0 = 1_700_000_000_000
 MIN = 60_000

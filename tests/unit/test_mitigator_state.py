@@ -12,18 +12,18 @@ import urllib.request
 
 import pytest
 
-from ingest.bus import InMemoryBus
-from ingest.contract import NodeEvent, RiskScore, Topic, decode
-from ingest.stream import publish
-from mitigator.audit import AuditLog, AuditUnavailable
-from mitigator.endpoint import StatusServer
-from mitigator.engine import MitigationEngine
-from mitigator.executor import Executor
-from mitigator.jobs import StaticJobs
-from mitigator.lifecycle import NodeState
-from mitigator.policy import ExpectedLossPolicy, PolicyConfig
-from mitigator.schedulers import SchedulerError
-from mitigator.service import MitigationService
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import NodeEvent, RiskScore, Topic, decode
+from foreshock.ingest.stream import publish
+from foreshock.mitigator.audit import AuditLog, AuditUnavailable
+from foreshock.mitigator.endpoint import StatusServer
+from foreshock.mitigator.engine import MitigationEngine
+from foreshock.mitigator.executor import Executor
+from foreshock.mitigator.jobs import StaticJobs
+from foreshock.mitigator.lifecycle import NodeState
+from foreshock.mitigator.policy import ExpectedLossPolicy, PolicyConfig
+from foreshock.mitigator.schedulers import SchedulerError
+from foreshock.mitigator.service import MitigationService
 from tests.unit.test_mitigator_policy import MIN, T0, Clock, RecordingScheduler, feed, job, risk, wait_out
 
 

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mitigator.tiers.layout import Layout, pack, plan_layout, unpack
-from mitigator.tiers.memory import CHUNK_BYTES, SlotHeader, SlotPair, chunk_crcs
-from mitigator.tiers.recovery import Holding, plan_recovery
-from mitigator.tiers.transport import CorruptStream, ProcessGroupTransport, recv_snapshot, send_snapshot
+from foreshock.mitigator.tiers.layout import Layout, pack, plan_layout, unpack
+from foreshock.mitigator.tiers.memory import CHUNK_BYTES, SlotHeader, SlotPair, chunk_crcs
+from foreshock.mitigator.tiers.recovery import Holding, plan_recovery
+from foreshock.mitigator.tiers.transport import CorruptStream, ProcessGroupTransport, recv_snapshot, send_snapshot
 
 
 def _state(seed: int) -> dict:

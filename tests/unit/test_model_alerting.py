@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from models.alerting import EvalRows
+from foreshock.models.alerting import EvalRows
 
 MIN = 60_000
 
@@ -133,7 +133,7 @@ def test_an_alarm_is_true_only_through_an_alerting_row_in_the_horizon():
 
 
 def test_median_interval_brackets_the_median_and_narrows_with_more_catches():
-    from models.alerting import median_interval
+    from foreshock.models.alerting import median_interval
 
     rng = np.random.default_rng(1)
     few, many = rng.uniform(0, 60, 12), rng.uniform(0, 60, 1_200)
@@ -146,7 +146,7 @@ def test_median_interval_brackets_the_median_and_narrows_with_more_catches():
 
 
 def test_consecutive_rows_stay_one_episode_even_with_no_clearing_time():
-    from models.alerting import episode_starts
+    from foreshock.models.alerting import episode_starts
 
     ts = np.array([0, 1, 2, 5, 6]) * MIN  # a node alerting at minutes 0-2, then 5-6
     assert episode_starts(np.zeros(5), ts, 0, MIN).tolist() == [True, False, False, True, False]

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from models.artifact import META_FILE, MODEL_FILE, RiskModel
-from models.baselines import LogisticBaseline
-from models.train import platt_calibration
+from foreshock.models.artifact import META_FILE, MODEL_FILE, RiskModel
+from foreshock.models.baselines import LogisticBaseline
+from foreshock.models.train import platt_calibration
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from models.baselines import LogisticBaseline, rule_inputs, rule_scores
+from foreshock.models.baselines import LogisticBaseline, rule_inputs, rule_scores
 
 MIN = 60_000
 

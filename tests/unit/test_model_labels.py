@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from models.labels import label_rows
-from models.splits import make_split
-from models.train import censor_before_failures
+from foreshock.models.labels import label_rows
+from foreshock.models.splits import make_split
+from foreshock.models.train import censor_before_failures
 
 MIN = 60_000
 H = 60 * MIN
@@ -65,7 +65,7 @@ def test_failure_xid_at_the_failure_instant_is_invisible_to_labelled_rows(tmp_pa
     """Rule evidence (raw telemetry at or before t) never shows the failure's own fatal Xid."""
     import json
 
-    from models.baselines import rule_inputs
+    from foreshock.models.baselines import rule_inputs
 
     (tmp_path / "xid").mkdir()
     (tmp_path / "gpu").mkdir()

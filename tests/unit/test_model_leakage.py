@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from models.baselines import rule_inputs
-from models.frame import build_labelled
-from models.leakage import LeakageError, assert_point_in_time, point_in_time_violations
-from models.train import train_on
+from foreshock.models.baselines import rule_inputs
+from foreshock.models.frame import build_labelled
+from foreshock.models.leakage import LeakageError, assert_point_in_time, point_in_time_violations
+from foreshock.models.train import train_on
 from tests.fixtures.model_data import MINUTE, START_MS
 
 
@@ -83,8 +83,8 @@ def simulated(tmp_path_factory):
 
 
 def test_the_feature_engine_passes_and_an_injected_future_feature_fails(simulated, tmp_path):
-    from features.batch import compute_features
-    from ingest.dataset import read_events, read_manifest
+    from foreshock.features.batch import compute_features
+    from foreshock.ingest.dataset import read_events, read_manifest
 
     def engine(d):
         return compute_features(d, cadence_ms=60_000)

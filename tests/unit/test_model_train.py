@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import models.train
-from models.artifact import RiskModel
-from models.baselines import LogisticBaseline
-from models.evaluate import evaluate
-from models.train import (
+import foreshock.models.train
+from foreshock.models.artifact import RiskModel
+from foreshock.models.baselines import LogisticBaseline
+from foreshock.models.evaluate import evaluate
+from foreshock.models.train import (
     DEFAULT_PARAMS,
     MIN_PLATT_SLOPE,
     PRIOR_WEIGHT,
@@ -80,7 +80,7 @@ def test_leaf_rows_grow_with_the_training_rows(synthetic_cluster, tmp_path, monk
     records what it used (the share raised here so the small cluster clears the floor)."""
     floor = DEFAULT_PARAMS["min_child_samples"]
     assert min_leaf_rows(10_000) == floor == min_leaf_rows(4_784_602) and min_leaf_rows(48_000_000) == 3_000
-    monkeypatch.setattr(models.train, "MIN_LEAF_SHARE", 1 / 40)
+    monkeypatch.setattr(foreshock.models.train, "MIN_LEAF_SHARE", 1 / 40)
     data = synthetic_cluster
     train_from_dataset(data.data_dir, tmp_path, features=data.features, register=False)
     info = json.loads((tmp_path / "metrics.json").read_text())["_info"]
@@ -232,7 +232,7 @@ def test_saved_model_reloads_and_evaluates_another_seed(trained, synthetic_clust
     loaded = RiskModel.load(out)
     frame = synthetic_cluster_other.features.head(500)
     assert np.allclose(loaded.predict_proba(frame), model.predict_proba(frame))
-    from models.frame import build_labelled
+    from foreshock.models.frame import build_labelled
 
     data = build_labelled(
         synthetic_cluster_other.data_dir, 3_600_000, features=synthetic_cluster_other.features
@@ -253,7 +253,7 @@ def test_evaluate_pools_datasets_and_keeps_each_ones_figures(trained, synthetic_
     nodes of one never merge with the other's (the same folder twice here, so every figure is
     exactly twice one evaluation), and each dataset's figures are those of its own evaluation."""
     model, _, _ = trained
-    from models.frame import build_labelled
+    from foreshock.models.frame import build_labelled
 
     folder = synthetic_cluster_other.data_dir
     data = build_labelled(folder, 3_600_000, features=synthetic_cluster_other.features)
@@ -278,7 +278,7 @@ def test_evaluate_pools_datasets_and_keeps_each_ones_figures(trained, synthetic_
 
 def test_evaluate_refuses_another_feature_set(trained, synthetic_cluster_other, tmp_path):
     model, _, _ = trained
-    from models.frame import build_labelled
+    from foreshock.models.frame import build_labelled
 
     other = synthetic_cluster_other.features.rename(columns={"noise_0": "noise_x"})
     data = build_labelled(synthetic_cluster_other.data_dir, 3_600_000, features=other)

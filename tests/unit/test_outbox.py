@@ -8,8 +8,8 @@ import time
 import pytest
 
 from foreshock.commands.sizes import parse_size
-from ingest.outbox import Outbox
-from ingest.spool import Entry, Spool
+from foreshock.ingest.outbox import Outbox
+from foreshock.ingest.spool import Entry, Spool
 
 
 class FlakyBus:

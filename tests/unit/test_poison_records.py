@@ -10,8 +10,8 @@ import hashlib
 import msgspec
 import pytest
 
-from ingest.bus import InMemoryBus
-from ingest.contract import (
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import (
     DEAD_LETTER_MAX_VALUE,
     RECORD_TYPES,
     TOMBSTONE_REASON,
@@ -23,8 +23,8 @@ from ingest.contract import (
     decode,
     encode,
 )
-from ingest.simulator import stream
-from ingest.stream import RecordStream, publish
+from foreshock.ingest.simulator import stream
+from foreshock.ingest.stream import RecordStream, publish
 from tests.fixtures.predictor import simulator
 from tests.unit.test_mitigator_policy import job, rig
 from tests.unit.test_predictor_service import by_key, drain, make_service

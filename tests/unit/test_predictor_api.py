@@ -7,13 +7,13 @@ import asyncio
 import pytest
 from fastapi.testclient import TestClient
 
-from features import DEFAULT_FEATURE_SET
-from ingest.bus import InMemoryBus
-from ingest.simulator import stream
-from predictor.api import create_app
-from predictor.engines import OnlineEngines
-from predictor.model_source import PathModelSource
-from predictor.service import RiskService, ServiceConfig
+from foreshock.features import DEFAULT_FEATURE_SET
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.simulator import stream
+from foreshock.predictor.api import create_app
+from foreshock.predictor.engines import OnlineEngines
+from foreshock.predictor.model_source import PathModelSource
+from foreshock.predictor.service import RiskService, ServiceConfig
 from tests.fixtures.predictor import simulator
 
 TOKEN = "s3cret-token"

@@ -1,7 +1,7 @@
 """The risk board ranks nodes by their latest score, whatever changed it since the last ranking."""
 
-from ingest.contract import RiskScore
-from predictor.scoring import RiskBoard
+from foreshock.ingest.contract import RiskScore
+from foreshock.predictor.scoring import RiskBoard
 
 
 def score(node: str, ts: int, p: float) -> RiskScore:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from features import DEFAULT_FEATURE_SET
-from features.online import OnlineFeatureEngine
-from ingest.contract import GpuSample, Topic
-from predictor.checkpoint import CheckpointStore
-from predictor.engines import OnlineEngines
-from predictor.partition import PartitionState
+from foreshock.features import DEFAULT_FEATURE_SET
+from foreshock.features.online import OnlineFeatureEngine
+from foreshock.ingest.contract import GpuSample, Topic
+from foreshock.predictor.checkpoint import CheckpointStore
+from foreshock.predictor.engines import OnlineEngines
+from foreshock.predictor.partition import PartitionState
 
 
 def _state(partition: int, steps: int) -> PartitionState:

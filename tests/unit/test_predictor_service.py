@@ -7,18 +7,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from features import DEFAULT_FEATURE_SET
-from features.batch import compute_features
-from ingest.bus import InMemoryBus
-from ingest.contract import GpuSample, NodeEvent, RiskScore, Topic, decode
-from ingest.simulator import stream, write_dataset
-from ingest.stream import publish
-from models.artifact import RiskModel
-from predictor.checkpoint import CheckpointStore
-from predictor.engines import OnlineEngines
-from predictor.model_source import ModelMismatchError, PathModelSource
-from predictor.partition import PartitionState
-from predictor.service import RiskService, ServiceConfig
+from foreshock.features import DEFAULT_FEATURE_SET
+from foreshock.features.batch import compute_features
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import GpuSample, NodeEvent, RiskScore, Topic, decode
+from foreshock.ingest.simulator import stream, write_dataset
+from foreshock.ingest.stream import publish
+from foreshock.models.artifact import RiskModel
+from foreshock.predictor.checkpoint import CheckpointStore
+from foreshock.predictor.engines import OnlineEngines
+from foreshock.predictor.model_source import ModelMismatchError, PathModelSource
+from foreshock.predictor.partition import PartitionState
+from foreshock.predictor.service import RiskService, ServiceConfig
 from tests.fixtures.predictor import simulator
 
 PERIOD = 5 * 60_000
@@ -245,7 +245,7 @@ def test_the_nodes_out_of_service_survive_a_checkpoint():
 def test_a_scoring_cycle_longer_than_ten_seconds_is_seen_as_such():
     from prometheus_client import CollectorRegistry
 
-    from predictor.metrics import ServiceMetrics
+    from foreshock.predictor.metrics import ServiceMetrics
 
     m = ServiceMetrics(CollectorRegistry())
     m.scoring.observe(42.0)

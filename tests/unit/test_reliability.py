@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from models.reliability import (
+from foreshock.models.reliability import (
     cluster_mtbf_seconds,
     daly_interval_seconds,
     ettr_periodic,
@@ -96,6 +96,6 @@ def test_should_mitigate_compares_expected_crash_loss_with_action_cost():
 def test_docstring_examples_hold():
     import doctest
 
-    import models.reliability
+    import foreshock.models.reliability
 
-    assert doctest.testmod(models.reliability).failed == 0
+    assert doctest.testmod(foreshock.models.reliability).failed == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ingest.simulator.counters import Increments, KeptRows, cumsum_steps, cumulative, stateful_gauge
+from foreshock.ingest.simulator.counters import Increments, KeptRows, cumsum_steps, cumulative, stateful_gauge
 
 
 def naive_counter(carry, steps, events, resets):

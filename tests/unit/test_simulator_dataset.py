@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from foreshock.cli import app
 from foreshock.commands.simulate import profile_path
-from ingest.contract import GPU_FIELDS, LINK_COUNTERS
-from ingest.dataset import (
+from foreshock.ingest.contract import GPU_FIELDS, LINK_COUNTERS
+from foreshock.ingest.dataset import (
     MANIFEST_KEYS,
     DatasetError,
     DatasetWriter,
@@ -25,7 +25,7 @@ from ingest.dataset import (
     read_manifest,
     read_table,
 )
-from ingest.simulator import Simulator, load_profile, parse_profile, write_dataset
+from foreshock.ingest.simulator import Simulator, load_profile, parse_profile, write_dataset
 
 HOUR = 3_600_000
 
@@ -96,7 +96,7 @@ def test_ground_truth_and_events_agree(dataset):
     assert failed[["node", "ts", "cause"]].equals(gt[["node", "ts", "cause"]])
     assert (gt.precursor_start_ms.isna() == ~gt.detectable).all()
     assert (gt.precursor_start_ms.dropna() < gt.ts[gt.detectable]).all()
-    # each foreshock's strength, as the telemetry was drawn with it (models.analysis.lead_bound)
+    # each foreshock's strength, as the telemetry was drawn with it (foreshock.models.analysis.lead_bound)
     assert (gt.precursor_strength.isna() == ~gt.detectable).all()
     drawn = {(sim.node_names[e.node], e.end_ms): e.strength for e in sim.schedule.episodes if e.failure}
     recorded = gt[gt.detectable].set_index(["node", "ts"])["precursor_strength"]

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from foreshock.commands.simulate import PROFILES_DIR, profile_path
-from ingest.simulator import ProfileError, Simulator, load_profile, parse_profile
-from ingest.simulator.calibration import summarize_trace
+from foreshock.commands.simulate import profile_path
+from foreshock.shipped import profile_names
+from foreshock.ingest.simulator import ProfileError, Simulator, load_profile, parse_profile
+from foreshock.ingest.simulator.calibration import summarize_trace
 
 DATA = Path(__file__).parents[1] / "data" / "simulator"
 
@@ -94,7 +95,7 @@ def test_profile_file_errors_name_the_file(tmp_path):
 
 
 def test_shipped_profiles_load_by_name():
-    names = sorted(p.stem for p in PROFILES_DIR.glob("*.toml"))
+    names = profile_names()
     assert {"llama3", "infinitehbd"} <= set(names)
     for name in names:
         profile = load_profile(profile_path(name))

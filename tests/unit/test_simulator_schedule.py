@@ -9,8 +9,8 @@ import pytest
 from scipy import stats
 
 from foreshock.commands.simulate import profile_path
-from ingest.simulator import load_profile
-from ingest.simulator.schedule import MS_PER_DAY, draw_schedule
+from foreshock.ingest.simulator import load_profile
+from foreshock.ingest.simulator.schedule import MS_PER_DAY, draw_schedule
 
 START = 1_735_689_600_000
 

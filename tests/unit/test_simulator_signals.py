@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from ingest.simulator import PRECURSORS, Simulator, parse_profile
+from foreshock.ingest.simulator import PRECURSORS, Simulator, parse_profile
 
 MINUTE = 60_000
 

@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 
 from foreshock.commands.simulate import profile_path
-from ingest.bus import InMemoryBus
-from ingest.contract import GpuSample, NodeEvent, Topic, decode
-from ingest.simulator import Simulator, load_profile, stream
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import GpuSample, NodeEvent, Topic, decode
+from foreshock.ingest.simulator import Simulator, load_profile, stream
 
 MINUTE = 60_000
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.bus import InMemoryBus
-from ingest.contract import MAX_EPOCH_MS, GpuSample, NodeEvent, Topic, XidEvent, decode, encode
-from ingest.simulator import stream
-from predictor.checkpoint import CheckpointStore
-from predictor.model_source import PathModelSource
-from predictor.partition import PartitionState, time_anomaly
-from predictor.service import RiskService, ServiceConfig
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import MAX_EPOCH_MS, GpuSample, NodeEvent, Topic, XidEvent, decode, encode
+from foreshock.ingest.simulator import stream
+from foreshock.predictor.checkpoint import CheckpointStore
+from foreshock.predictor.model_source import PathModelSource
+from foreshock.predictor.partition import PartitionState, time_anomaly
+from foreshock.predictor.service import RiskService, ServiceConfig
 from tests.fixtures.predictor import simulator
 from tests.unit.test_predictor_service import ENGINES, PERIOD, by_key, drain
 
