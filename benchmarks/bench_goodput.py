@@ -13,7 +13,14 @@ import argparse
 import time
 from pathlib import Path
 
-from foreshock.models.goodput import JobParams, OperatingPoint, from_profile, load_profile, run_strategies, simulate
+from foreshock.models.goodput import (
+    JobParams,
+    OperatingPoint,
+    from_profile,
+    load_profile,
+    run_strategies,
+    simulate,
+)
 from foreshock.models.goodput.simulate import reference_periodic_ettr
 from foreshock.models.reliability import daly_interval_seconds
 

@@ -29,7 +29,13 @@ from numpy.lib.stride_tricks import sliding_window_view
 from foreshock.features.buckets import Carry, bucketize
 from foreshock.features.default_set import DEFAULT_FEATURE_SET
 from foreshock.features.frames import KINDS, Codes, needed_columns, to_columns
-from foreshock.features.kernels import AGGREGATIONS, EXACT_STAT_KINDS, add_peer_features, empty_value, reduce_direct
+from foreshock.features.kernels import (
+    AGGREGATIONS,
+    EXACT_STAT_KINDS,
+    add_peer_features,
+    empty_value,
+    reduce_direct,
+)
 from foreshock.features.returns import return_times, window_floors
 from foreshock.features.spec import FeatureSet, Reduction
 from foreshock.ingest.dataset import part_paths, read_events, read_manifest

@@ -22,7 +22,8 @@ __all__ = ["KINDS", "EVENTS", "Codes", "needed_columns", "to_columns", "records_
 KINDS: Final = ("gpu", "xid", "link")
 """The telemetry kinds that feed bucket statistics."""
 EVENTS: Final = "events"
-"""Node lifecycle events: not telemetry, but they say where windows start (:mod:`foreshock.features.returns`)."""
+"""Node lifecycle events: not telemetry, but they say where windows start
+(:mod:`foreshock.features.returns`)."""
 _RECORD_KIND: Final = {GpuSample: "gpu", XidEvent: "xid", LinkSample: "link", NodeEvent: EVENTS}
 
 

@@ -53,7 +53,7 @@ def _joined(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray] | None
 
 
 class _Buckets:
-    """A :class:`~foreshock.features.buckets.PartialBuckets` that numbers buckets from ``origin``, not the epoch.
+    """A :class:`~foreshock.features.buckets.PartialBuckets` numbering buckets from ``origin``, not the epoch.
 
     Why: numbered from the epoch, a bucket number reaches 2^32 at 2^32 buckets (with one-minute
     buckets at ts 257,698,037,760,000, below the contract's 2^53) and then runs into the next

@@ -54,8 +54,8 @@ def operating_point(name_or_path: str) -> Path:
     if candidate.is_file():
         return candidate
     name = name_or_path.removesuffix(".json")
-    names = sorted(p.name.removesuffix(".json") for p in resources.files("foreshock.operating_points").iterdir()
-                   if p.name.endswith(".json"))
+    folder = resources.files("foreshock.operating_points")
+    names = sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
     if name not in names:
         raise LookupError(f"no file {name_or_path!r} and no shipped operating point of that name "
                           f"(shipped: {', '.join(names)})")

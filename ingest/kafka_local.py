@@ -47,7 +47,7 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0
 </dependencies></project>
 """
 
-LOG4J_CONFIG = """# Written by foreshock.ingest.kafka_local: the broker logs at INFO to its stdout, which is broker.log.
+LOG4J_CONFIG = """# Written by foreshock.ingest.kafka_local: the broker logs at INFO to broker.log.
 status = warn
 appender.out.type = Console
 appender.out.name = STDOUT

@@ -3,7 +3,8 @@
 Run by ``foreshock drill`` (one torchrun agent per simulated node)::
 
     python -m torch.distributed.run --nnodes=2:2 --nproc-per-node=1 --rdzv-backend=c10d \\
-        --rdzv-endpoint=127.0.0.1:29400 -m foreshock.mitigator.drill_job --drill-node A --control-dir C --ckpt-dir K \\
+        --rdzv-endpoint=127.0.0.1:29400 -m foreshock.mitigator.drill_job \\
+        --drill-node A --control-dir C --ckpt-dir K \\
         --memory-dir M --progress P --state-mb 256
 
 Each rank owns a different parameter shard (as with ZeRO or FSDP, so a lost rank's state exists

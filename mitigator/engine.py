@@ -106,7 +106,7 @@ class MitigationEngine:
         self._drains = []
 
     def restore(self, views: Mapping[str, NodeView], drains: list[int], breaker: str | None) -> None:
-        """Load the state a cold start rebuilt (:mod:`foreshock.mitigator.coldstart`), before any new record."""
+        """Load the state a cold start rebuilt (:mod:`foreshock.mitigator.coldstart`) before any record."""
         self.views.update(views)
         self._drains = sorted(drains)
         self.breaker = breaker

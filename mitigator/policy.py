@@ -29,7 +29,11 @@ from dataclasses import dataclass, replace
 from foreshock.ingest.contract import RiskScore
 from foreshock.mitigator.lifecycle import NodeState
 from foreshock.mitigator.plan import Action, Block, JobView, NodeView, Plan, action_id
-from foreshock.models.reliability import expected_crash_loss_gpu_seconds, mitigation_cost_gpu_seconds, should_mitigate
+from foreshock.models.reliability import (
+    expected_crash_loss_gpu_seconds,
+    mitigation_cost_gpu_seconds,
+    should_mitigate,
+)
 
 __all__ = ["PolicyConfig", "PolicyContext", "Policy", "ExpectedLossPolicy", "POLICIES"]
 

@@ -1,4 +1,5 @@
-"""The production :class:`foreshock.predictor.service.EngineFactory`: ``foreshock.features.online`` engines of one feature set."""
+"""The production :class:`foreshock.predictor.service.EngineFactory`: ``foreshock.features.online``
+engines of one feature set."""
 
 from __future__ import annotations
 

@@ -87,7 +87,8 @@ class _Messages:
 
 
 def _messages(records: list[Any]) -> list[Message]:
-    """One message per (topic, node) holding all of that node's records, as ``foreshock.ingest.stream.publish``."""
+    """One message per (topic, node) holding all of that node's records, as
+    ``foreshock.ingest.stream.publish``."""
     from foreshock.ingest.stream import publish
 
     out = _Messages()

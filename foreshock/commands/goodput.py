@@ -20,7 +20,6 @@ import pandas as pd
 import typer
 from rich.console import Console
 from rich.table import Table
-
 from typer import Option as Opt
 
 from foreshock import shipped
@@ -150,7 +149,7 @@ def _print_projection(console: Console, drill: Path, tiers: dict[int, TierProjec
 
 
 def goodput(
-    profile: Annotated[str | None, Opt(help="Shipped profile name (llama3, infinitehbd) or a .toml path.")] = None,
+    profile: Annotated[str | None, Opt(help="Shipped profile (llama3, infinitehbd) or a .toml path.")] = None,
     trace: Annotated[str | None, Opt(help="Real trace: 'infinitehbd' or a fault_trace.json path.")] = None,
     dataset: Annotated[Path | None, Opt(help="Simulated dataset DIR (replays its ground truth).")] = None,
     gpus: Annotated[str | None, Opt(help="Cluster sizes, e.g. 1024,4096,16384 (default: profile "

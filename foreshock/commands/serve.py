@@ -80,8 +80,8 @@ def serve(
     """Consume telemetry, score every node each period, publish risk.scores, serve the risk API."""
     import uvicorn
 
-    from foreshock.features import DEFAULT_FEATURE_SET
     from foreshock.commands.brokers import connect_kafka
+    from foreshock.features import DEFAULT_FEATURE_SET
     from foreshock.ingest.bus import InMemoryBus
     from foreshock.ingest.kafka_local import cache_dir
     from foreshock.predictor.api import create_app

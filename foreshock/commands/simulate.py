@@ -8,7 +8,14 @@ import typer
 
 from foreshock import shipped
 from foreshock.commands.durations import parse_duration
-from foreshock.ingest.simulator import DEFAULT_START_MS, ProfileError, Simulator, load_profile, stream, write_dataset
+from foreshock.ingest.simulator import (
+    DEFAULT_START_MS,
+    ProfileError,
+    Simulator,
+    load_profile,
+    stream,
+    write_dataset,
+)
 
 __all__ = ["profile_path", "register"]
 

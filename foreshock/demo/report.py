@@ -106,7 +106,8 @@ def _episodes(
     scores: list[Any], horizon_ms: int, clear_ms: int, period_ms: int, failures: dict[str, list[int]]
 ) -> tuple[int, int]:
     """Alert episodes (a node's alerting scores until ``clear_ms`` passes without one, as in
-    ``foreshock.models.alerting``) and those with no alerting score followed by a failure within the horizon."""
+    ``foreshock.models.alerting``) and those with no alerting score followed by a failure within the
+    horizon."""
     alerting: dict[str, list[int]] = {}
     for s in scores:
         if s.alert:

@@ -92,7 +92,8 @@ def _parse(text: str, source: str) -> XidPolicy:
 
 def load_xid_policy(override: Path | None = None) -> XidPolicy:
     """The shipped policy, with the operator's CSV merged over it when ``override`` is given."""
-    shipped = resources.files("foreshock.ingest.collectors").joinpath("xid_policy.csv").read_text(encoding="utf-8")
+    table = resources.files("foreshock.ingest.collectors").joinpath("xid_policy.csv")
+    shipped = table.read_text(encoding="utf-8")
     policy = _parse(shipped, "xid_policy.csv")
     policy = XidPolicy({x: _fill(r) for x, r in policy.rules.items()}, f"builtin-{policy.version}")
     if override is None:

@@ -38,9 +38,18 @@ import numpy as np
 import pandas as pd
 
 from foreshock.models.goodput.simulate import JobParams, SimResult, simulate
-from foreshock.models.goodput.tiers import draw_pair_losses, pair_loss_probability, pair_loss_window_s, tier_intervals
+from foreshock.models.goodput.tiers import (
+    draw_pair_losses,
+    pair_loss_probability,
+    pair_loss_window_s,
+    tier_intervals,
+)
 from foreshock.models.goodput.traces import FailureTrace
-from foreshock.models.reliability import SECONDS_PER_DAY, daly_interval_seconds, mitigation_success_probability
+from foreshock.models.reliability import (
+    SECONDS_PER_DAY,
+    daly_interval_seconds,
+    mitigation_success_probability,
+)
 
 __all__ = ["STRATEGIES", "TIERED_STRATEGIES", "JSON_KEYS", "OperatingPoint", "draw_warnings", "resolve_tiers",
            "run_strategies", "compare", "sweep"]

@@ -47,7 +47,8 @@ def run(bin_dir: Path, args: list[str], cwd: Path) -> subprocess.CompletedProces
 
 
 def test_the_wheel_resolves_foreshock_to_itself(wheel_env, tmp_path):
-    out = run(wheel_env, ["python", "-c", "import foreshock.ingest.contract as c; print(c.__file__)"], tmp_path)
+    code = "import foreshock.ingest.contract as c; print(c.__file__)"
+    out = run(wheel_env, ["python", "-c", code], tmp_path)
     assert out.returncode == 0, out.stderr
     assert str(wheel_env.parent) in out.stdout and str(ROOT) not in out.stdout
 

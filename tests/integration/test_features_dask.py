@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from foreshock.cli import app
 from foreshock.features import DEFAULT_FEATURE_SET
 from foreshock.features.batch import compute_features, compute_features_dask, read_frames
 from foreshock.features.online import OnlineFeatureEngine
-from foreshock.cli import app
 from foreshock.ingest.contract import RETURN_EVENTS
 from foreshock.ingest.dataset import read_events, read_ground_truth
 from foreshock.ingest.simulator import Simulator, load_profile, write_dataset

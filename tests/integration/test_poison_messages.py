@@ -23,7 +23,14 @@ import httpx
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from foreshock.ingest.contract import DEAD_LETTER_MAX_VALUE, TOMBSTONE_REASON, GpuSample, RiskScore, Topic, encode
+from foreshock.ingest.contract import (
+    DEAD_LETTER_MAX_VALUE,
+    TOMBSTONE_REASON,
+    GpuSample,
+    RiskScore,
+    Topic,
+    encode,
+)
 from foreshock.ingest.kafka_bus import KafkaBus
 from foreshock.ingest.kafka_local import free_port
 from foreshock.ingest.simulator import stream

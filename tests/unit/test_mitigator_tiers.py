@@ -17,7 +17,12 @@ import torch.multiprocessing as mp
 from foreshock.mitigator.tiers.layout import Layout, pack, plan_layout, unpack
 from foreshock.mitigator.tiers.memory import CHUNK_BYTES, SlotHeader, SlotPair, chunk_crcs
 from foreshock.mitigator.tiers.recovery import Holding, plan_recovery
-from foreshock.mitigator.tiers.transport import CorruptStream, ProcessGroupTransport, recv_snapshot, send_snapshot
+from foreshock.mitigator.tiers.transport import (
+    CorruptStream,
+    ProcessGroupTransport,
+    recv_snapshot,
+    send_snapshot,
+)
 
 
 def _state(seed: int) -> dict:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from foreshock.commands.simulate import profile_path
-from foreshock.shipped import profile_names
 from foreshock.ingest.simulator import ProfileError, Simulator, load_profile, parse_profile
 from foreshock.ingest.simulator.calibration import summarize_trace
+from foreshock.shipped import profile_names
 
 DATA = Path(__file__).parents[1] / "data" / "simulator"
 

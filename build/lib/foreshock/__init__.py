@@ -1,0 +1,1 @@
+"""The composition root: CLI, configuration and the embedded demo wiring."""

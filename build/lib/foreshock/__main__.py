@@ -1,0 +1,3 @@
+from foreshock.cli import app
+
+app()

@@ -1,0 +1,1 @@
+"""One module per area; each exposes ``register(app)`` to add its commands."""

@@ -1,0 +1,231 @@
+"""``foreshock mitigate`` (the policy loop on the bus) and ``foreshock drill`` (the fire drill).
+
+This module is the mitigator's composition root: it builds the bus, the scheduler adapter (by
+name), the command channel, the job source, the audit log and the policy, and passes them in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from enum import StrEnum
+from pathlib import Path
+
+import typer
+
+from foreshock.commands.durations import option_seconds as _seconds
+from foreshock.mitigator.drill import COMPONENTS, EXTRA_SCENARIOS, SCENARIOS, DrillSettings, run_drill
+
+__all__ = ["register"]
+
+
+class SchedulerName(StrEnum):
+    slurm = "slurm"
+    kubernetes = "kubernetes"
+    none = "none"
+
+
+def _scheduler(name: SchedulerName, kube_selector: str | None, timeout_s: float):
+    """The adapter by name; a cluster that cannot be configured is one line on stderr, exit 1."""
+    from foreshock.mitigator.schedulers import SCHEDULERS
+
+    if name is SchedulerName.kubernetes:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            try:
+                config.load_kube_config()
+            except (config.ConfigException, OSError) as exc:
+                _fail(f"no Kubernetes configuration (in-cluster or kubeconfig): {exc}")
+        api = client.CoreV1Api()
+        return SCHEDULERS["kubernetes"](api=api, pod_selector=kube_selector, timeout_s=timeout_s)
+    if name is SchedulerName.slurm:
+        return SCHEDULERS["slurm"](timeout_s=timeout_s)
+    return SCHEDULERS[name.value]()
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"foreshock mitigate: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def mitigate(
+    kafka: str = typer.Option(..., "--kafka", help="Kafka bootstrap host:port"),
+    scheduler: SchedulerName = typer.Option(SchedulerName.none, "--scheduler", help="who drains nodes"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="record what would be done; touch nothing"),
+    audit: Path = typer.Option(Path("foreshock-audit.sqlite"), "--audit", help="SQLite audit log"),
+    control_dir: Path | None = typer.Option(
+        None,
+        "--control-dir",
+        help="shared folder: file command channel + the hooks' job status; "
+        "omitted: commands go over mitigation.events",
+    ),
+    spare: list[str] = typer.Option([], "--spare", help="a spare node (repeat the flag)"),
+    fleet_size: int | None = typer.Option(
+        None, "--fleet-size", help="nodes in the cluster (circuit breaker)"
+    ),
+    watch_at: float = typer.Option(0.3, "--watch-at", help="probability that puts a node on watch"),
+    clear_below: float = typer.Option(0.2, "--clear-below", help="probability below which the risk clears"),
+    restart: str = typer.Option("10m", "--restart", help="time a crashed job needs to restart"),
+    migration: str = typer.Option("2m", "--migration", help="time a migration onto a spare takes"),
+    max_drains: int = typer.Option(2, "--max-drains", help="cap on nodes draining/drained at once"),
+    job_share: float = typer.Option(0.25, "--job-share", help="max share of a job's nodes moved at once"),
+    breaker_share: float = typer.Option(
+        0.05,
+        "--breaker-share",
+        help="share of the fleet drained within --breaker-window that stops new drains",
+    ),
+    breaker_window: str = typer.Option("1h", "--breaker-window"),
+    reset_breaker: bool = typer.Option(
+        False, "--reset-breaker", help="publish an (audited) reset of a tripped circuit breaker and exit"
+    ),
+    horizon: str = typer.Option(
+        "15m", "--horizon", help="risk records older than this at receipt are rejected (dead-lettered)"
+    ),
+    clock_tolerance: str = typer.Option(
+        "2m", "--clock-tolerance", help="risk records dated further ahead of receipt are rejected"
+    ),
+    scheduler_timeout: str = typer.Option(
+        "15s", "--scheduler-timeout", help="bound on each scheduler call (scontrol, Kubernetes request)"
+    ),
+    workers: int = typer.Option(4, "--workers", min=1, help="actions run at once (one per node)"),
+    metrics_port: int = typer.Option(
+        9403, "--metrics-port", help="port of /metrics, /status, /readyz; 0: off"
+    ),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host"),
+    kube_selector: str | None = typer.Option(
+        None, "--kube-selector", help="label selector of job pods to evict"
+    ),
+    group: str = typer.Option("foreshock-mitigator", "--group", help="Kafka consumer group"),
+    policy: str = typer.Option("expected-loss", "--policy", help="decision policy, by registered name"),
+    pin: str | None = typer.Option(None, "--pin", help="publish a pin request for NODE and exit"),
+    unpin: str | None = typer.Option(None, "--unpin", help="publish an unpin request for NODE and exit"),
+    run_for: str | None = typer.Option(
+        None, "--run-for", help="stop after this long (default: until signalled)"
+    ),
+) -> None:
+    """Turn risk scores into safe, audited actions (checkpoint, migrate, drain)."""
+    from foreshock.commands.brokers import connect_kafka
+    from foreshock.ingest.stream import publish
+    from foreshock.mitigator.audit import AuditLog, AuditUnavailable
+    from foreshock.mitigator.channels import CHANNELS
+    from foreshock.mitigator.endpoint import StatusServer
+    from foreshock.mitigator.engine import MitigationEngine
+    from foreshock.mitigator.executor import Executor
+    from foreshock.mitigator.jobs import FileJobs, StaticJobs
+    from foreshock.mitigator.policy import POLICIES, PolicyConfig
+    from foreshock.mitigator.service import MitigationService, breaker_reset_request, pin_request
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    stop_after = _seconds(run_for, "--run-for") if run_for else None
+    bus = connect_kafka(kafka, "mitigate")
+    if pin or unpin or reset_breaker:
+        request = breaker_reset_request("cli") if reset_breaker else pin_request(
+            pin or unpin, pinned=bool(pin), reason="cli")
+        publish(bus, [request])
+        bus.flush()
+        bus.close()
+        typer.echo(f"{request.action} request{'' if reset_breaker else ' for ' + request.node} published")
+        return
+    if policy not in POLICIES:
+        known = ", ".join(POLICIES)
+        raise typer.BadParameter(f"unknown policy {policy!r}; known: {known}", param_hint="--policy")
+    try:
+        config = PolicyConfig(
+            watch_at=watch_at,
+            clear_below=clear_below,
+            restart_s=_seconds(restart, "--restart"),
+            migration_s=_seconds(migration, "--migration"),
+            max_concurrent_drains=max_drains,
+            max_job_share=job_share,
+            breaker_share=breaker_share,
+            breaker_window_ms=int(_seconds(breaker_window, "--breaker-window") * 1000),
+            spare_nodes=tuple(spare),
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    try:
+        engine = MitigationEngine(
+            POLICIES[policy](config),
+            jobs=FileJobs(control_dir) if control_dir else StaticJobs(),
+            fleet_size=fleet_size,
+            horizon_ms=int(_seconds(horizon, "--horizon") * 1000),
+            future_tolerance_ms=int(_seconds(clock_tolerance, "--clock-tolerance") * 1000),
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    sched = _scheduler(scheduler, kube_selector, _seconds(scheduler_timeout, "--scheduler-timeout"))
+    channel = CHANNELS["file"](control_dir) if control_dir else CHANNELS["topic"](bus)
+    try:
+        audit_log = AuditLog(audit, bus=bus)
+        executor = Executor(audit_log, scheduler=sched, channel=channel, acks=channel, dry_run=dry_run,
+                            workers=workers)
+        service = MitigationService(bus, engine, executor, group=group)
+    except AuditUnavailable as exc:
+        _fail(str(exc))
+    status = None
+    if metrics_port:
+        try:
+            status = StatusServer(service, metrics_host, metrics_port).start()
+        except OSError as exc:
+            _fail(f"cannot serve /metrics on {metrics_host}:{metrics_port}: {exc}")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    if stop_after is not None:
+        threading.Timer(stop_after, stop.set).start()
+    try:
+        service.run(stop)
+    finally:
+        if status is not None:
+            status.stop()
+        service.close()
+        bus.close()
+
+
+def drill(
+    as_json: bool = typer.Option(False, "--json", help="print the figures as one JSON object"),
+    state_mb: int = typer.Option(64, "--state-mb", min=1, max=1024,
+                                 help="parameters + optimizer state per rank, MiB (up to 1 GiB)"),
+    memory_every: int = typer.Option(1, "--memory-every", min=1, help="memory snapshot interval (steps)"),
+    durable_every: int = typer.Option(20, "--durable-every", "--every", min=1,
+                                      help="durable snapshot interval (steps)"),
+    step_seconds: float = typer.Option(0.0, "--step-seconds", help="extra simulated compute per step"),
+    scenarios: str = typer.Option(",".join(SCENARIOS), "--scenarios",
+                                  help=f"comma-separated scenarios; also: {', '.join(EXTRA_SCENARIOS)}"),
+    workdir: Path | None = typer.Option(None, "--workdir", help="keep logs and snapshots here"),
+) -> None:
+    """Fire drill: a torchrun job on this machine loses nodes, warned and not; print each recovery."""
+    names = tuple(n.strip() for n in scenarios.split(",") if n.strip())
+    unknown = sorted(set(names) - set(SCENARIOS + EXTRA_SCENARIOS))
+    if unknown:
+        raise typer.BadParameter(f"unknown scenario(s) {', '.join(unknown)}; known: "
+                                 f"{', '.join(SCENARIOS + EXTRA_SCENARIOS)}",
+                                 param_hint="--scenarios")
+    settings = DrillSettings(state_mb=state_mb, memory_every=memory_every, durable_every=durable_every,
+                             step_seconds=step_seconds, scenarios=names)
+    result = run_drill(settings, workdir=workdir)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    typer.echo(f"state {state_mb} MiB per rank; memory snapshot every {memory_every} step(s), durable every "
+               f"{durable_every}; stall p50 {result['stall_ms_p50']} ms, p99 {result['stall_ms_p99']} ms")
+    typer.echo(f"{'scenario':16} {'steps lost':>10} {'recovery s':>10} {'source':>8} {'exact':>6}  "
+               + " ".join(f"{c:>12}" for c in COMPONENTS))
+    for r in result["scenarios"]:
+        parts = " ".join(f"{r['components_seconds'][c]:>12.2f}" for c in COMPONENTS)
+        typer.echo(f"{r['name']:16} {r['steps_lost']:>10} {r['recovery_seconds']:>10.2f} "
+                   f"{r['restore_source'] or '-':>8} {'yes' if r['bit_exact'] else 'NO':>6}  {parts}")
+    bw = ", ".join(f"{k} {v} GB/s" for k, v in result["bandwidth_gb_per_s"].items() if v is not None)
+    typer.echo(f"bandwidths: {bw}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``mitigate`` and ``drill``."""
+    app.command("mitigate")(mitigate)
+    app.command("drill")(drill)

@@ -1,0 +1,113 @@
+"""``foreshock simulate``: a cluster that fails, as a dataset folder or a Kafka stream."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from foreshock import shipped
+from foreshock.commands.durations import parse_duration
+from foreshock.ingest.simulator import (
+    DEFAULT_START_MS,
+    ProfileError,
+    Simulator,
+    load_profile,
+    stream,
+    write_dataset,
+)
+
+__all__ = ["profile_path", "register"]
+
+
+def profile_path(name_or_path: str) -> Path:
+    """A shipped profile's name (``llama3``) or the path of a TOML file -> the file's path."""
+    try:
+        return shipped.profile(name_or_path)
+    except LookupError as exc:
+        raise ProfileError(str(exc)) from None
+
+
+def simulate(
+    profile: str = typer.Option("llama3", help="Shipped profile name (llama3, infinitehbd) or a TOML path."),
+    nodes: int = typer.Option(128, min=1, help="Number of nodes."),
+    days: float = typer.Option(7.0, min=0.0, help="Simulated days."),
+    duration: str = typer.Option(None, help="Simulated duration instead of --days (e.g. 6h, 90m)."),
+    interval: str = typer.Option("30s", help="Sampling interval (e.g. 10s, 30s, 1m)."),
+    seed: int = typer.Option(0, help="Random seed: the same seed gives the same bytes."),
+    rate_multiplier: float = typer.Option(
+        None, min=0.0, help="Scale the failure rate (default: the profile's, normally 1.0)."
+    ),
+    start_ms: int = typer.Option(DEFAULT_START_MS, help="Start time, epoch ms UTC."),
+    out: Path = typer.Option(None, help="Write a dataset folder here."),
+    overwrite: bool = typer.Option(False, help="Replace a dataset already in --out."),
+    kafka: str = typer.Option(None, help="Stream onto Kafka at this bootstrap address instead."),
+    speed: float = typer.Option(
+        60.0, min=0.0, help="With --kafka: simulated seconds per real second (0 = as fast as possible)."
+    ),
+) -> None:
+    """Simulate N nodes x G GPUs failing with foreshocks and noise; write a dataset or stream it."""
+    if (out is None) == (kafka is None):
+        raise typer.BadParameter("give exactly one of --out DIR or --kafka BOOTSTRAP")
+    try:
+        prof = load_profile(profile_path(profile))
+        span = parse_duration(duration).total_seconds() if duration else days * 86_400
+        duration_ms = int(span * 1000)
+        sim = Simulator(
+            prof,
+            nodes=nodes,
+            duration_ms=duration_ms,
+            interval_ms=int(parse_duration(interval).total_seconds() * 1000),
+            seed=seed,
+            start_ms=start_ms,
+            rate_multiplier=rate_multiplier,
+        )
+    except (ProfileError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,}/{task.total:,} samples"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task(f"{prof.name}: {nodes} nodes", total=sim.gpu_samples)
+        if out is not None:
+            write_dataset(
+                sim,
+                out,
+                overwrite=overwrite,
+                on_chunk=lambda c: bar.update(task, completed=_done(sim, c.end_ms)),
+            )
+        else:
+            from foreshock.commands.brokers import connect_kafka
+
+            bus = connect_kafka(kafka, "simulate")
+            try:
+                stream(
+                    sim,
+                    bus,
+                    speed=speed or None,
+                    on_step=lambda ts: bar.update(task, completed=_done(sim, ts)),
+                )
+            finally:
+                bus.close()
+        bar.update(task, completed=sim.gpu_samples)
+    failures = len(sim.schedule.failures)
+    where = out if out is not None else f"kafka {kafka}"
+    typer.echo(
+        f"{failures} failures injected ({sum(f.detectable for f in sim.schedule.failures)} detectable)"
+        f" over {sim.gpu_days():,.0f} GPU-days -> {where}"
+    )
+
+
+def _done(sim: Simulator, ts: int) -> int:
+    return min(sim.gpu_samples, (sim.step_of(ts) + 1) * sim.nodes * sim.gpus)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``foreshock simulate`` to ``app``."""
+    app.command("simulate")(simulate)

@@ -1,0 +1,108 @@
+"""``foreshock train`` and ``foreshock evaluate``: the risk model and its baselines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from foreshock.commands.durations import option_ms, parse_duration
+
+_TRACKING_HELP = "MLflow tracking URI (default: sqlite:///<data dir>/mlflow.db)"
+
+
+def _minutes(text: str) -> int:
+    minutes = parse_duration(text, default_unit="m").total_seconds() / 60
+    if minutes < 1 or minutes != int(minutes):
+        raise typer.BadParameter(f"{text!r} is not a whole number of minutes")
+    return int(minutes)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``train`` and ``evaluate`` to ``app``."""
+
+    @app.command("train")
+    def train(
+        data: Path = typer.Option(..., "--data", exists=True, file_okay=False, help="dataset folder"),
+        out: Path = typer.Option(..., "--out", help="folder for model/, report.md, metrics.json, plots"),
+        horizon: str = typer.Option("60m", "--horizon", help="predict failures within this horizon"),
+        tracking_uri: str = typer.Option(
+            None, "--tracking-uri", envvar="FORESHOCK_TRACKING_URI", help=_TRACKING_HELP
+        ),
+        dask: str = typer.Option(
+            None, "--dask", help="Dask scheduler address: features and lightgbm.dask training run there"
+        ),
+        cadence: str = typer.Option("60s", "--cadence", help="feature row cadence"),
+        budget: float = typer.Option(1.0, "--budget", help="false alarms allowed per 1,000 node-days"),
+        censor: str = typer.Option(
+            "6h", "--censor", help="training leaves out negatives this close before a failure (0 keeps all)"
+        ),
+        alert_clear: str = typer.Option(
+            "30m", "--alert-clear", help="an alert episode ends after this long with no alerting score"
+        ),
+        prior_weight: float = typer.Option(
+            0.3,
+            "--prior-weight",
+            min=0.0,
+            help="boost the trees from this times logistic regression's log-odds, if that beats trees "
+            "alone on validation (0: trees alone)",
+        ),
+        no_register: bool = typer.Option(False, "--no-register", help="skip MLflow logging and registration"),
+        seed: int = typer.Option(0, "--seed"),
+    ) -> None:
+        """Train the LightGBM risk model and its baselines; print model vs baselines."""
+        from foreshock.models.registry import sqlite_uri
+        from foreshock.models.report import print_table
+        from foreshock.models.train import train_from_dataset
+
+        model = train_from_dataset(
+            data,
+            out,
+            horizon_minutes=_minutes(horizon),
+            tracking_uri=tracking_uri or sqlite_uri(data),
+            dask_address=dask,
+            register=not no_register,
+            cadence_ms=option_ms(cadence, "--cadence"),
+            budget_per_1000_node_days=budget,
+            censor_ms=option_ms(censor, "--censor"),
+            clear_ms=option_ms(alert_clear, "--alert-clear"),
+            prior_weight=prior_weight,
+            seed=seed,
+        )
+        print_table(json.loads((out / "metrics.json").read_text()))
+        where = f"registered as foreshock-risk version {model.version}" if model.version else "not registered"
+        typer.echo(f"model written to {out / 'model'} ({where}); report: {out / 'report.md'}")
+
+    @app.command("evaluate")
+    def evaluate(
+        model: str = typer.Option(
+            ..., "--model", help="models:/ URI or a folder that `foreshock train` wrote"
+        ),
+        data: list[Path] = typer.Option(
+            ...,
+            "--data",
+            exists=True,
+            file_okay=False,
+            help="dataset folder to judge on; repeat it to judge several datasets as one pool",
+        ),
+        out: Path = typer.Option(..., "--out", help="folder for report.md, metrics.json, plots"),
+        tracking_uri: str = typer.Option(
+            None, "--tracking-uri", envvar="FORESHOCK_TRACKING_URI", help=_TRACKING_HELP
+        ),
+        dask: str = typer.Option(None, "--dask", help="Dask scheduler address: compute features there"),
+        cadence: str = typer.Option(
+            None, "--cadence", help="feature row cadence (default: the one the model was trained at)"
+        ),
+    ) -> None:
+        """Evaluate a trained model and its baselines on another dataset (or a pool of them)."""
+        from foreshock.models.artifact import RiskModel
+        from foreshock.models.evaluate import evaluate as run_evaluation
+        from foreshock.models.registry import sqlite_uri
+        from foreshock.models.report import print_table
+
+        risk_model = RiskModel.load(model, tracking_uri=tracking_uri or sqlite_uri(data[0]))
+        cadence_ms = option_ms(cadence, "--cadence") if cadence else None
+        metrics = run_evaluation(risk_model, data, out, dask_address=dask, cadence_ms=cadence_ms)
+        print_table(metrics)
+        typer.echo(f"report: {out / 'report.md'}")

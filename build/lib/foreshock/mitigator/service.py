@@ -1,0 +1,332 @@
+"""The mitigator's loop: risk scores and node events in, audited actions out.
+
+Consumes ``risk.scores``, ``node.events`` and operator requests (``mitigation.events`` records
+with status ``planned`` and a reason starting ``operator``: pin/unpin, see :func:`pin_request`,
+and the breaker's reset, see :func:`breaker_reset_request`) as one consumer group (key = node, so
+one member owns a node's state).
+
+Before the first record it rebuilds its state (:mod:`foreshock.mitigator.coldstart`). Each record goes
+through the :class:`~foreshock.mitigator.engine.MitigationEngine`; the plan's intent is made durable by the
+:class:`~foreshock.mitigator.executor.Executor` and the offsets are committed after that, so a crash loses
+no promise: what was planned and not finished is resumed from the audit log at the next start.
+The executor's attempts then run without holding this loop (on its worker pool), retried with
+backoff, and their outcomes are settled into the engine as they end.
+
+Every block is visible — in the audit log, in the log, in the metrics and in :meth:`status`: a
+record rejected for its time (also dead-lettered), a drain a safety rail held back, the breaker
+tripping. When the audit log cannot be written the service pauses: it acts on nothing, rewinds
+the consumer to the first record whose intent is not durable, reports not ready with the reason,
+and probes the log every ``audit_retry_s`` until it can go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from foreshock.ingest.bus import Bus, Message
+from foreshock.ingest.contract import MitigationEvent, NodeEvent, RiskScore, Topic
+from foreshock.ingest.stream import Decoded, RecordStream, now_ms
+from foreshock.mitigator.audit import AuditUnavailable
+from foreshock.mitigator.coldstart import ColdStart, rebuild
+from foreshock.mitigator.engine import MitigationEngine
+from foreshock.mitigator.executor import Executor, Outcome
+from foreshock.mitigator.lifecycle import NodeState
+from foreshock.mitigator.metrics import MitigatorMetrics
+from foreshock.mitigator.plan import Plan, action_id, count_states
+
+__all__ = ["MitigationService", "pin_request", "breaker_reset_request"]
+
+log = logging.getLogger(__name__)
+
+
+class MitigationService:
+    """Policy loop over a bus; :meth:`poll_once` for tests, :meth:`run` until ``stop`` is set."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        engine: MitigationEngine,
+        executor: Executor,
+        group: str = "foreshock-mitigator",
+        metrics: MitigatorMetrics | None = None,
+        audit_retry_s: float = 5.0,
+    ):
+        self.engine = engine
+        self.executor = executor
+        self.metrics = metrics or MitigatorMetrics()
+        self.audit_retry_s = audit_retry_s
+        self.outcomes: list[Outcome] = []
+        self.rejections: deque[dict] = deque(maxlen=50)
+        self.paused: str | None = None
+        self._next_probe = 0.0
+        self._blocks_seen: set[tuple[str, str]] = set()
+        self._lock = threading.RLock()  # the loop and GET /status
+        self.cold_start = self._cold_start()
+        self.stream = RecordStream(
+            bus, bus.consumer(group, [Topic.RISK, Topic.NODE_EVENTS, Topic.MITIGATION])
+        )
+
+    def handle(self, record: RiskScore | NodeEvent | MitigationEvent) -> list[Outcome]:
+        """Plan for one record and run what is due (an executor without workers acts at once).
+
+        A record whose intent cannot be recorded pauses the service and is dropped here; the loop
+        (:meth:`poll_once`) reads it again instead."""
+        with self._lock:
+            try:
+                planned = self._plan(record, None)
+            except AuditUnavailable as exc:
+                self._pause(exc, [])
+                return []
+            return planned + self._run_due()
+
+    def poll_once(self, timeout_s: float = 0.5) -> int:
+        """Handle one batch; returns records handled. Never blocks on an action."""
+        if self.paused is not None and not self._try_resume():
+            time.sleep(min(timeout_s, self.audit_retry_s))
+            return 0
+        due = self.executor.next_due_s()
+        decoded = self.stream.poll(timeout_s if due is None else min(timeout_s, due))
+        n = 0
+        with self._lock:
+            handled: list[Decoded] = []
+            try:
+                for d in decoded:
+                    for record in d.records:
+                        self._plan(record, d.message)
+                    n += len(d.records)
+                    handled.append(d)
+            except AuditUnavailable as exc:
+                self._pause(exc, decoded[len(handled):])
+            if handled:
+                self.stream.commit(handled)
+            if self.paused is None:
+                self._run_due()
+        return n
+
+    def run(self, stop: threading.Event, timeout_s: float = 0.5) -> None:
+        while not stop.is_set():
+            self.poll_once(timeout_s)
+
+    def close(self) -> None:
+        self.executor.close()
+        self.stream.close()
+
+    def render_metrics(self) -> bytes:
+        """``/metrics``: the gauges read at scrape time, then the registry."""
+        with self._lock:
+            self._gauges()
+        return self.metrics.render()
+
+    @property
+    def ready(self) -> bool:
+        return self.paused is None
+
+    def status(self) -> dict:
+        """What ``GET /status`` shows: the breaker, the nodes per state, actions in flight, rejections."""
+        with self._lock:
+            nodes: dict[str, list[str]] = {}
+            for node, view in sorted(self.engine.views.items()):
+                nodes.setdefault(view.state.value, []).append(node)
+            return {
+                "ready": self.ready,
+                "paused": self.paused,
+                "dry_run": self.executor.dry_run,
+                "breaker": {
+                    "open": self.engine.breaker is not None,
+                    "reason": self.engine.breaker,
+                    "drains_in_window": len(self.engine.drains_in_window()),
+                    "limit": self.engine.breaker_limit(),
+                    "window_s": self.engine.config.breaker_window_ms / 1000,
+                },
+                "nodes": nodes,
+                "pinned": sorted(n for n, v in self.engine.views.items() if v.pinned),
+                "unmanageable": sorted(n for n, v in self.engine.views.items() if v.unmanageable),
+                "in_flight": [
+                    {"action_id": f.action.action_id, "action": f.action.kind, "node": f.action.node,
+                     "attempts": f.attempts, "running": f.running,
+                     "next_attempt_in_s": round(f.next_attempt_in_s, 1)}
+                    for f in self.executor.in_flight()
+                ],
+                "rejections": list(self.rejections),
+                "cold_start": {
+                    "nodes": self.cold_start.counts(),
+                    "drains_in_window": len(self.cold_start.drains),
+                    "resumed": [a.action_id for a in self.cold_start.resumed],
+                    "drained_by_scheduler": self.cold_start.drained_by_scheduler,
+                    "returned_by_hand": self.cold_start.returned_by_hand,
+                },
+            }
+
+    def _cold_start(self) -> ColdStart:
+        cs = rebuild(
+            self.executor.audit,
+            dry_run=self.executor.dry_run,
+            now_ms=self.engine.clock(),
+            window_ms=self.engine.config.breaker_window_ms,
+            scheduler=self.executor.scheduler,
+        )
+        self.engine.restore(cs.views, cs.drains, cs.breaker)
+        self.executor.resume(cs.resumed)
+        self.metrics.cold_start_resumed.set(len(cs.resumed))
+        for state in NodeState:
+            self.metrics.cold_start_nodes.labels(state.value).set(cs.counts().get(state.value, 0))
+        return cs
+
+    def _plan(self, record, message: Message | None) -> list[Outcome]:
+        """The engine's plan for ``record``, its intent recorded; forgotten again if that fails."""
+        self.metrics.records.inc()
+        mark = self.engine.mark(record.node)
+        try:
+            plan = self._decide(record, message)
+            if plan is None:
+                return []
+            outcomes = self.executor.submit(plan)
+        except AuditUnavailable:
+            self.engine.undo(mark)
+            raise
+        self._settle(outcomes)
+        return outcomes
+
+    def _decide(self, record, message: Message | None) -> Plan | None:
+        if isinstance(record, RiskScore):
+            was_open = self.engine.breaker
+            plan = self.engine.observe(record)
+            if plan.rejected is not None:
+                self._reject(record, plan.rejected, message)
+                return None
+            if self.engine.breaker is not None and was_open is None:
+                trip_id = f"breaker:-:-:{self.engine.clock()}"
+                self._note("*", trip_id, "breaker", "tripped", self.engine.breaker)
+                log.warning("circuit breaker tripped: %s; drains stop until an operator resets it",
+                            self.engine.breaker)
+            if plan.blocked is not None:
+                self._block(plan)
+            return plan
+        if isinstance(record, NodeEvent) and record.event == "repaired":
+            return self.engine.repaired(record.node, record.ts)
+        if not (
+            isinstance(record, MitigationEvent)
+            and record.status == "planned"
+            and not record.dry_run
+            and record.reason.startswith("operator")
+        ):
+            return None
+        if record.action in ("pin", "unpin") and not self.executor.audit.succeeded(record.action_id):
+            return self.engine.pin(record.node, record.ts, record.action == "pin", record.reason)
+        if record.action == "breaker" and not self.executor.audit.has(record.action_id, "reset"):
+            self._note(record.node, record.action_id, "breaker", "reset", record.reason)
+            log.warning("circuit breaker reset by %s", record.reason)
+            self.engine.reset_breaker()
+        return None
+
+    def _reject(self, record: RiskScore, why: str, message: Message | None) -> None:
+        self._note(record.node, action_id("record", record.node, None, record.ts), "record", "rejected", why)
+        if message is not None:
+            self.stream.dead_letter(message, f"{record.node} ts={record.ts}: {why}")
+        kind = "future" if "after its receipt" in why else "stale"
+        self.metrics.rejected.labels(kind).inc()
+        self.rejections.append({"received_ms": self.engine.clock(), "node": record.node, "ts": record.ts,
+                                "reason": why})
+        log.warning("rejected a risk record for %s (ts %d): %s", record.node, record.ts, why)
+
+    def _block(self, plan: Plan) -> None:
+        block = plan.blocked
+        aid = action_id("drain", plan.node, None, plan.view.trigger_ts)
+        if (aid, block.rail) in self._blocks_seen:
+            return
+        self._blocks_seen.add((aid, block.rail))
+        self._note(plan.node, aid, "drain", "blocked", block.detail)
+        self.metrics.blocked.labels(block.rail).inc()
+        log.warning("drain of %s held back: %s", plan.node, block.detail)
+
+    def _note(self, node: str, aid: str, action: str, status: str, reason: str) -> None:
+        """An audit row for something decided rather than done (a rejection, a block, the breaker)."""
+        self.executor.audit.record(MitigationEvent(
+            ts=self.engine.clock(), node=node, action_id=aid, action=action, status=status, reason=reason,
+            dry_run=self.executor.dry_run,
+        ))
+
+    def tick(self) -> list[Outcome]:
+        """Run the attempts that are due, settle those that ended (``poll_once`` calls it every pass)."""
+        with self._lock:
+            return self._run_due()
+
+    def _run_due(self) -> list[Outcome]:
+        try:
+            outcomes = self.executor.run_due()
+        except AuditUnavailable as exc:
+            self._pause(exc, [])
+            return []
+        self._settle(outcomes)
+        return outcomes
+
+    def _settle(self, outcomes: Sequence[Outcome]) -> None:
+        for o in outcomes:  # a dry run settles as if it had worked, so it simulates the whole episode
+            self.engine.settle(o.action, o.succeeded or self.executor.dry_run, o.permanent)
+            self.metrics.actions.labels(o.action.kind, o.status).inc()
+        self.outcomes.extend(outcomes)
+
+    def _pause(self, exc: AuditUnavailable, unhandled: Sequence[Decoded]) -> None:
+        """Stop acting; read the records whose intent is not durable again once the log is back."""
+        first: dict[tuple[str, int], int] = {}
+        for d in unhandled:
+            key = (d.message.topic, d.message.partition)
+            first[key] = min(first.get(key, d.message.offset), d.message.offset)
+        if first:
+            self.stream.consumer.seek(first)
+        if self.paused is None:
+            log.error("paused, acting on nothing: %s", exc)
+        self.paused = str(exc)
+        self.metrics.paused.set(1)
+        self._next_probe = time.monotonic() + self.audit_retry_s
+
+    def _try_resume(self) -> bool:
+        if time.monotonic() < self._next_probe:
+            return False
+        try:
+            self.executor.audit.probe()
+        except AuditUnavailable as exc:
+            self.paused = str(exc)
+            self._next_probe = time.monotonic() + self.audit_retry_s
+            return False
+        log.warning("the audit log can be written again; resuming")
+        self.paused = None
+        self.metrics.paused.set(0)
+        return True
+
+    def _gauges(self) -> None:
+        m = self.metrics
+        m.breaker_open.set(self.engine.breaker is not None)
+        m.drains_in_window.set(len(self.engine.drains_in_window()))
+        m.breaker_limit.set(self.engine.breaker_limit())
+        m.in_flight.set(len(self.executor.in_flight()))
+        counts = count_states(self.engine.views.values())
+        for state in NodeState:
+            m.nodes.labels(state.value).set(counts.get(state.value, 0))
+
+
+def pin_request(node: str, pinned: bool, reason: str = "", ts: int | None = None) -> MitigationEvent:
+    """The record an operator publishes to pin (exclude from every action) or unpin a node."""
+    ts = now_ms() if ts is None else ts
+    kind = "pin" if pinned else "unpin"
+    return MitigationEvent(
+        ts=ts,
+        node=node,
+        action_id=f"{kind}:{node}:-:{ts}",
+        action=kind,
+        status="planned",
+        reason=f"operator: {reason}".rstrip(": "),
+    )
+
+
+def breaker_reset_request(reason: str = "", ts: int | None = None) -> MitigationEvent:
+    """The record an operator publishes to close a tripped circuit breaker (audited as ``reset``)."""
+    ts = now_ms() if ts is None else ts
+    return MitigationEvent(
+        ts=ts, node="*", action_id=f"breaker:-:-:{ts}", action="breaker", status="planned",
+        reason=f"operator: {reason}".rstrip(": "),
+    )

@@ -1,0 +1,1 @@
+"""Labels, LightGBM training, evaluation, baselines, MLflow registry I/O and reliability maths."""

@@ -1,0 +1,243 @@
+"""Alert episodes, false alarms, per-failure recall and lead time, and the budget threshold.
+
+Definitions (used for every predictor alike, so the numbers compare):
+
+- A row *alerts* when its score is at or above the threshold.
+- An **alert episode** is a node's alerting rows until the alert *clears*: it clears once
+  ``clear_ms`` (default :data:`ALERT_CLEAR_MS`, 30 min) passes with no alerting row, or when the
+  node's scored rows break (rows more than 1.5 cadences apart: the node was down or drained).
+  A score that dips under the threshold for a few minutes and comes back is one alert, not two,
+  as it is for the operator and the mitigator, which keep watching a node until it has stayed
+  calm (``foreshock.mitigator.policy``). The 30 min were chosen on validation (llama3, 14 days, 5-min rows):
+  at the 1 per 1,000 node-days budget, failures caught were 58 with no clearing time, 65 with
+  15 min, 66 with 30 min and 66 with 60 min.
+- An episode is a **true alert** when at least one of its alerting rows is labelled 1, i.e. the
+  node failed within H after that row; otherwise it is a **false alarm** (the quiet time after
+  its last alerting row never makes it true). ``precision_at_budget`` is true episodes / all
+  episodes.
+- **False alarms per 1,000 node-days** divides by the scored node-time: rows x cadence.
+  ``false_alarms_after_return`` counts those that start within :data:`AFTER_RETURN_MS` after the
+  node came back from repair (``returned_ts`` from :mod:`foreshock.models.labels`): alarms that echo the
+  burst before the failure, which a feature set without
+  :attr:`~foreshock.features.spec.FeatureSet.reset_on_return` still holds in its windows.
+- A **failure** is evaluated when at least one scored row lies in ``[f - H, f)`` (its positive
+  rows). It is **caught** when one of those rows alerts, and its **lead time** is ``f`` minus the
+  first such alerting row's ``ts`` (so 0 < lead <= H). ``recall_at_budget`` is caught / evaluated.
+  ``median_lead_minutes_ci95`` is a bootstrap interval of the median lead over caught failures.
+  ``caught_15_minutes_ahead`` counts the detectable failures caught at least
+  :data:`WARNING_MINUTES` ahead. Unlike the median lead it never falls when a predictor also
+  catches failures that show only in the last minutes, so it is the figure for "warns earlier".
+- The **budget threshold** is the lowest threshold whose false-alarm rate on the given rows
+  (validation, when training) stays within the budget.
+- **Recall at equal false-alarm rates** (``recall_at_rates``) sets each predictor's threshold on
+  the evaluated rows themselves for each of a few rates, so predictors whose validation
+  thresholds spend different budgets on new data can still be compared like for like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["EvalRows", "EVAL_COLUMNS", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES", "AFTER_RETURN_MS",
+           "WARNING_MINUTES", "episode_starts", "median_interval"]
+
+DAY_MS = 86_400_000
+ALERT_CLEAR_MS = 30 * 60_000
+EQUAL_RATES = (1.0, 2.0, 5.0, 10.0)  # false alarms per 1,000 node-days for ``recall_at_rates``
+AFTER_RETURN_MS = 60 * 60_000  # ``false_alarms_after_return``: the longest error-counter window
+WARNING_MINUTES = 15  # ``caught_15_minutes_ahead``: time to checkpoint, drain and migrate ranks
+# what EvalRows reads of a labelled frame (``returned_ts`` when there); scores come beside them
+EVAL_COLUMNS = ("node", "ts", "label", "failure_ts", "cause", "detectable", "returned_ts")
+
+
+def episode_starts(stretch: np.ndarray, ts: np.ndarray, clear_ms: int, cadence_ms: int) -> np.ndarray:
+    """For alerting rows sorted by ``(stretch, ts)``, True where a row opens a new alert episode.
+
+    A *stretch* labels one node's unbroken run of scored rows (a new node, or the node coming back
+    from down time, is a new stretch). A row opens an episode when it is the first alerting row of
+    its stretch or comes more than ``clear_ms`` after the previous one; rows one cadence apart
+    never split an episode, whatever ``clear_ms`` (0 ends an episode at the first dip).
+    """
+    gap = max(clear_ms, int(1.5 * cadence_ms))
+    start = np.ones(ts.size, dtype=bool)
+    start[1:] = (stretch[1:] != stretch[:-1]) | (np.diff(ts) > gap)
+    return start
+
+
+@dataclass
+class EvalRows:
+    """Labelled rows sorted by (node, ts), prepared once for many thresholds and predictors.
+
+    ``frame`` is the sorted labelled frame; scores passed to the methods must follow its order.
+    ``clear_ms`` is the quiet time that ends an alert episode (0: every dip ends it).
+    """
+
+    frame: pd.DataFrame
+    cadence_ms: int
+    clear_ms: int = ALERT_CLEAR_MS
+
+    def __post_init__(self) -> None:
+        self.frame = self.frame.sort_values(["node", "ts"], kind="stable").reset_index(drop=True)
+        f = self.frame
+        self._node = pd.factorize(f["node"])[0]
+        self._ts = f["ts"].to_numpy(dtype=np.int64)
+        self.label = f["label"].to_numpy(dtype=np.int8)
+        contiguous = np.ones(len(f), dtype=bool)
+        contiguous[0:1] = False
+        contiguous[1:] = (self._node[1:] == self._node[:-1]) & (np.diff(self._ts) <= 1.5 * self.cadence_ms)
+        self._stretch = np.cumsum(~contiguous)
+        pos = f.loc[self.label == 1, ["node", "failure_ts", "cause", "detectable"]]
+        self.failures = pos.drop_duplicates(["node", "failure_ts"]).reset_index(drop=True)
+        key = pd.MultiIndex.from_frame(self.failures[["node", "failure_ts"]])
+        self._failure_of_pos = key.get_indexer(pd.MultiIndex.from_frame(pos[["node", "failure_ts"]]))
+        self._pos_rows = np.flatnonzero(self.label == 1)
+        returned = f["returned_ts"] if "returned_ts" in f else pd.Series(pd.NA, index=f.index)
+        self._returned = returned.astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+
+    @property
+    def node_days(self) -> float:
+        """Scored node-time in days."""
+        return len(self.frame) * self.cadence_ms / DAY_MS
+
+    def episodes(self, alert: np.ndarray) -> tuple[int, int]:
+        """(episodes, false alarms) for a boolean alert vector."""
+        first, true = self._episodes(alert)
+        return int(first.size), int(np.count_nonzero(~true))
+
+    def _episodes(self, alert: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each episode's first row (an index into :attr:`frame`) and whether it is a true alert."""
+        idx = np.flatnonzero(alert)
+        if idx.size == 0:
+            return idx, np.zeros(0, dtype=bool)
+        start = episode_starts(self._stretch[idx], self._ts[idx], self.clear_ms, self.cadence_ms)
+        starts = np.flatnonzero(start)
+        return idx[starts], np.maximum.reduceat(self.label[idx], starts) > 0
+
+    def false_alarm_rate(self, alert: np.ndarray) -> float:
+        """False alarms per 1,000 node-days."""
+        days = self.node_days
+        return self.episodes(alert)[1] / days * 1000.0 if days else 0.0
+
+    def sweep(self, score: np.ndarray, max_rate: float) -> list[tuple[float, float, int]]:
+        """``(threshold, false alarms per 1,000 node-days, failures caught)`` from the top score
+        down, over every distinct score or ~400 rank-spaced ones, until the rate has stayed above
+        ``max_rate`` for 25 candidates in a row (it only grows from there, bar small wobbles)."""
+        desc = np.unique(score)[::-1]
+        if desc.size <= 400:
+            ranks = np.arange(desc.size)
+        else:
+            ranks = np.unique(np.geomspace(1, desc.size, 400).astype(int)) - 1
+        out: list[tuple[float, float, int]] = []
+        over = 0
+        for r in ranks:
+            thr = float(desc[r])
+            alert = score >= thr
+            rate = self.false_alarm_rate(alert)
+            out.append((thr, rate, self._caught(alert).sum().item()))
+            over = over + 1 if rate > max_rate else 0
+            if over >= 25:
+                break
+        return out
+
+    def threshold_for_budget(self, score: np.ndarray, budget_per_1000_node_days: float) -> float:
+        """Lowest candidate threshold (see :meth:`sweep`) whose false-alarm rate is within budget;
+        above every score (no alerts) when even the top score breaks it."""
+        within = [thr for thr, rate, _ in self.sweep(score, budget_per_1000_node_days)
+                  if rate <= budget_per_1000_node_days]
+        if within:
+            return min(within)
+        return float(np.nextafter(score.max(), np.inf)) if score.size else 1.0
+
+    def recall_at_rates(self, score: np.ndarray, rates: tuple[float, ...] = EQUAL_RATES) -> dict[str, dict]:
+        """Per false-alarm rate: the most failures caught by a threshold that keeps false alarms
+        per 1,000 node-days at or under it, the threshold set on *these* rows.
+
+        Not an operating point (nobody can tune on data still to come), but the fair way to set
+        predictors side by side on a dataset where their validation thresholds spend different
+        budgets: equal false alarms, compare what they catch.
+        """
+        points = self.sweep(score, max(rates))
+        nf = len(self.failures)
+        out: dict[str, dict] = {}
+        for cap in rates:  # the most caught; among equals the highest threshold (fewest alerts)
+            caught, thr, rate = max(((c, t, r) for t, r, c in points if r <= cap), default=(0, None, 0.0))
+            out[f"{cap:g}"] = {"caught": caught, "failures": nf, "recall": caught / nf if nf else None,
+                               "false_alarms_per_1000_node_days": rate, "threshold": thr}
+        return out
+
+    def _caught(self, alert: np.ndarray) -> np.ndarray:
+        """Per failure in :attr:`failures`: whether one of its positive rows alerts."""
+        caught = np.zeros(len(self.failures), dtype=bool)
+        caught[self._failure_of_pos[alert[self._pos_rows]]] = True
+        return caught
+
+    def at_threshold(self, score: np.ndarray, threshold: float) -> dict:
+        """Operating-point metrics (see the module docstring) for one threshold."""
+        alert = score >= threshold
+        first, true = self._episodes(alert)
+        n_ep, n_false = int(first.size), int(np.count_nonzero(~true))
+        since_return = self._ts[first[~true]] - self._returned[first[~true]]
+        pos_alert = alert[self._pos_rows]
+        nf = len(self.failures)
+        caught = self._caught(alert)
+        first_alert = np.full(nf, np.iinfo(np.int64).max, dtype=np.int64)
+        hit = self._failure_of_pos[pos_alert]
+        np.minimum.at(first_alert, hit, self._ts[self._pos_rows][pos_alert])
+        fts = self.failures["failure_ts"].to_numpy(dtype=np.int64)
+        lead = (fts[caught] - first_alert[caught]) / 60_000.0
+        detectable = pd.Series(self.failures["detectable"].to_numpy()[caught], dtype="object").eq(True)
+        detectable_leads = lead[detectable.to_numpy()]
+        n_alert_rows = int(alert.sum())
+        tp_rows = int((alert & (self.label == 1)).sum())
+        return {
+            "threshold": float(threshold),
+            "failures": nf,
+            "caught": int(caught.sum()),
+            "recall_at_budget": float(caught.mean()) if nf else None,
+            "precision_at_budget": (n_ep - n_false) / n_ep if n_ep else None,
+            "alert_episodes": n_ep,
+            "false_alarms": n_false,
+            "false_alarms_per_1000_node_days": n_false / self.node_days * 1000.0 if self.node_days else 0.0,
+            "false_alarms_after_return": int(np.count_nonzero(since_return <= AFTER_RETURN_MS)),
+            "row_recall_at_budget": tp_rows / int(self.label.sum()) if self.label.any() else None,
+            "row_precision_at_budget": tp_rows / n_alert_rows if n_alert_rows else None,
+            "median_lead_minutes": float(np.median(lead)) if lead.size else None,
+            "median_lead_minutes_ci95": median_interval(lead),
+            "lead_minutes": sorted(float(x) for x in lead),
+            "recall_by_cause": self._recall_by(
+                caught, self.failures["cause"].astype("object").fillna("unknown")
+            ),
+            "recall_by_detectability": self._recall_by(
+                caught,
+                self.failures["detectable"]
+                .map({True: "detectable", False: "undetectable"})
+                .fillna("unknown"),
+            ),
+            "median_lead_minutes_detectable": (
+                float(np.median(detectable_leads)) if detectable_leads.size else None
+            ),
+            "caught_15_minutes_ahead": int(np.count_nonzero(detectable_leads >= WARNING_MINUTES)),
+        }
+
+    @staticmethod
+    def _recall_by(caught: np.ndarray, groups: pd.Series) -> dict[str, dict[str, float | int]]:
+        out: dict[str, dict[str, float | int]] = {}
+        for name, idx in groups.groupby(groups.to_numpy()).groups.items():
+            c = caught[np.asarray(groups.index.get_indexer(idx))]
+            out[str(name)] = {"failures": int(c.size), "caught": int(c.sum()), "recall": float(c.mean())}
+        return out
+
+
+def median_interval(values: np.ndarray, draws: int = 2_000, seed: int = 0) -> list[float] | None:
+    """95 % bootstrap interval of the median of ``values`` (None for fewer than two).
+
+    With a few dozen caught failures the median lead moves by minutes from one dataset to the
+    next; the interval says by how much. Seeded, so a report is reproducible.
+    """
+    if values.size < 2:
+        return None
+    draws_of = np.random.default_rng(seed).choice(values, size=(draws, values.size))
+    return [float(x) for x in np.percentile(np.median(draws_of, axis=1), [2.5, 97.5])]

@@ -1,0 +1,283 @@
+"""The baselines the model must beat on the same rows: health-checker rules and logistic regression.
+
+**Rules**, in the style of today's node-health checkers (NVSentinel, DCGM health checks): a
+node is bad when, within the last ``window_ms``, it logged a critical Xid (NVSentinel severity
+FATAL in the project's Xid catalogue) or its uncorrectable-ECC counters rose; it is suspect in
+proportion to its single-bit ECC rate. Their score is 1.0 for "bad" and ``0.99 * r / (1 + r)``
+for an SBE rate of ``r`` per minute otherwise, so one threshold on the score is the rule set with
+an SBE-rate threshold, and the budget threshold tunes that rate like the model's threshold.
+The rules read raw telemetry (not the model's features), the way the checkers do.
+
+**Logistic regression** on the model's own features (median imputation, standardisation,
+balanced class weights), stored as plain numbers so it travels in JSON beside the model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from foreshock.ingest.dataset import part_paths
+
+__all__ = ["CRITICAL_XIDS", "RULE_COLUMNS", "rule_inputs", "rule_scores", "LogisticBaseline"]
+
+# NVSentinel severity FATAL in reference/xid_catalog.csv (NVIDIA/NVSentinel xiderrorsmapping.csv).
+CRITICAL_XIDS = frozenset(
+    {
+        46,
+        48,
+        61,
+        62,
+        64,
+        74,
+        79,
+        95,
+        109,
+        110,
+        119,
+        120,
+        136,
+        140,
+        143,
+        144,
+        145,
+        146,
+        147,
+        148,
+        149,
+        150,
+        155,
+        156,
+        158,
+    }
+)
+UNCORRECTABLE_COUNTERS = ("ecc_dbe_vol_total", "uncorrectable_remapped_rows", "retired_dbe")
+SBE_COUNTER = "ecc_sbe_vol_total"
+RULE_COLUMNS = ("rule_critical", "rule_sbe_per_min")
+SBE_REFERENCE_PER_MIN = 1.0
+_BLOCK_ROWS = 200_000  # rows standardised at once by LogisticBaseline (about 160 MB of float64)
+
+
+def _bucket(ts: np.ndarray, cadence_ms: int) -> np.ndarray:
+    """First cadence tick at or after ``ts``: data stamped ``ts`` is visible to rows at that tick."""
+    return -(-ts // cadence_ms) * cadence_ms
+
+
+def _gpu_increments(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
+    """Per (node, bucket): reset-aware increases of uncorrectable and SBE counters, summed over GPUs.
+
+    Reads the GPU table part by part (never all of it at once) and carries each GPU's last
+    counter value across parts. A drop is a reset (the new value is the increase); a GPU's first
+    reading is no increase; a missing reading neither adds nor moves the baseline.
+    """
+    node_ids: dict[str, int] = {}
+    out: list[pd.DataFrame] = []
+    carry_keys = np.empty(0, dtype=np.int64)
+    carry_vals = np.empty((0, 2))
+    for path in part_paths(data_dir, "gpu"):
+        present = set(pq.read_schema(path).names)
+        groups = [
+            [c for c in UNCORRECTABLE_COUNTERS if c in present],
+            [SBE_COUNTER] if SBE_COUNTER in present else [],
+        ]
+        if not any(groups):
+            continue
+        df = pq.read_table(path, columns=["node", "ts", "gpu", *groups[0], *groups[1]]).to_pandas()
+        codes, uniques = pd.factorize(df["node"].astype(str))
+        ids = np.array([node_ids.setdefault(u, len(node_ids)) for u in uniques], dtype=np.int64)
+        key = ids[codes] * 4096 + df["gpu"].to_numpy(dtype=np.int64)
+        ts = df["ts"].to_numpy(dtype=np.int64)
+        vals = np.column_stack(
+            [
+                df[g].astype("float64").sum(axis=1, min_count=1).to_numpy() if g else np.full(len(df), np.nan)
+                for g in groups
+            ]
+        )
+        order = np.lexsort((ts, key))
+        key, ts, vals = key[order], ts[order], vals[order]
+        inc = np.zeros_like(vals)
+        for j in range(vals.shape[1]):
+            v = pd.Series(vals[:, j]).groupby(key).ffill().to_numpy()  # last known value per GPU
+            prev = np.empty_like(v)
+            prev[1:] = v[:-1]
+            first = np.ones(len(key), dtype=bool)
+            first[1:] = key[1:] != key[:-1]
+            prev[first] = np.nan
+            if len(carry_keys):
+                pos = np.minimum(np.searchsorted(carry_keys, key[first]), len(carry_keys) - 1)
+                found = carry_keys[pos] == key[first]
+                prev[first] = np.where(found, carry_vals[pos, j], np.nan)
+            diff = vals[:, j] - prev
+            inc[:, j] = np.nan_to_num(np.where(diff >= 0, diff, np.where(np.isnan(prev), 0.0, vals[:, j])))
+            vals[:, j] = v
+        last = np.ones(len(key), dtype=bool)
+        last[:-1] = key[1:] != key[:-1]
+        known = pd.DataFrame(carry_vals, index=carry_keys)
+        merged = pd.DataFrame(vals[last], index=key[last]).combine_first(known).sort_index()
+        carry_keys, carry_vals = merged.index.to_numpy(dtype=np.int64), merged.to_numpy()
+        out.append(
+            pd.DataFrame(
+                {
+                    "nid": key // 4096,
+                    "ts": _bucket(ts, cadence_ms),
+                    "uncorrectable": inc[:, 0],
+                    "sbe": inc[:, 1],
+                }
+            )
+            .groupby(["nid", "ts"], as_index=False)
+            .sum()
+        )
+    if not out:
+        return pd.DataFrame({"node": pd.Series(dtype=str), "ts": [], "uncorrectable": [], "sbe": []})
+    agg = pd.concat(out, ignore_index=True).groupby(["nid", "ts"], as_index=False).sum()
+    names = np.array(list(node_ids), dtype=object)
+    return agg.assign(node=names[agg["nid"].to_numpy()]).drop(columns="nid")
+
+
+def _critical_xids(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
+    parts = [
+        pq.read_table(p, columns=["node", "ts", "xid", "count"]).to_pandas()
+        for p in part_paths(data_dir, "xid")
+    ]
+    xid = (
+        pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["node", "ts", "xid", "count"])
+    )
+    xid = xid[xid["xid"].isin(CRITICAL_XIDS)]
+    return (
+        pd.DataFrame(
+            {
+                "node": xid["node"].astype(str),
+                "ts": _bucket(xid["ts"].to_numpy(dtype=np.int64), cadence_ms),
+                "critical": xid["count"].fillna(1).to_numpy(dtype="float64"),
+            }
+        )
+        .groupby(["node", "ts"], as_index=False)
+        .sum()
+    )
+
+
+def _window_sum(rows: pd.DataFrame, series: pd.DataFrame, column: str, window_ms: int) -> np.ndarray:
+    """For each row (node, t): sum of ``series[column]`` over buckets in ``(t - window_ms, t]``."""
+    if series.empty:
+        return np.zeros(len(rows))
+    nodes = pd.Index(pd.unique(pd.concat([rows["node"], series["node"]], ignore_index=True)))
+    t0 = int(min(rows["ts"].min(), series["ts"].min())) - window_ms - 1
+    stride = int(max(rows["ts"].max(), series["ts"].max())) - t0 + window_ms + 2
+    skey = nodes.get_indexer(series["node"]).astype(np.int64) * stride + (
+        series["ts"].to_numpy(np.int64) - t0
+    )
+    order = np.argsort(skey, kind="stable")
+    skey = skey[order]
+    csum = np.concatenate([[0.0], np.cumsum(series[column].to_numpy(dtype="float64")[order])])
+    rkey = nodes.get_indexer(rows["node"]).astype(np.int64) * stride + (rows["ts"].to_numpy(np.int64) - t0)
+    hi = np.searchsorted(skey, rkey, side="right")
+    lo = np.searchsorted(skey, rkey - window_ms, side="right")
+    return csum[hi] - csum[lo]
+
+
+def rule_inputs(
+    data_dir: str | Path, rows: pd.DataFrame, cadence_ms: int, window_ms: int = 600_000
+) -> pd.DataFrame:
+    """The rules' evidence for each row of ``rows`` (node, ts), from raw telemetry at or before ts:
+    ``rule_critical`` (critical Xids plus uncorrectable-ECC increases in the window) and
+    ``rule_sbe_per_min`` (single-bit ECC increase per minute over the window)."""
+    data_dir = Path(data_dir)
+    gpu = _gpu_increments(data_dir, cadence_ms)
+    xid = _critical_xids(data_dir, cadence_ms)
+    critical = _window_sum(rows, xid, "critical", window_ms) + _window_sum(
+        rows, gpu, "uncorrectable", window_ms
+    )
+    sbe = _window_sum(rows, gpu, "sbe", window_ms) / (window_ms / 60_000)
+    return pd.DataFrame({"rule_critical": critical, "rule_sbe_per_min": sbe}, index=rows.index)
+
+
+def rule_scores(frame: pd.DataFrame) -> np.ndarray:
+    """Rule score per row from :func:`rule_inputs` columns (see the module docstring)."""
+    r = frame["rule_sbe_per_min"].to_numpy(dtype="float64") / SBE_REFERENCE_PER_MIN
+    soft = 0.99 * r / (1.0 + r)
+    return np.where(frame["rule_critical"].to_numpy(dtype="float64") > 0, 1.0, soft)
+
+
+class LogisticBaseline:
+    """Logistic regression on the model's features; fitted state is plain numbers (JSON-safe)."""
+
+    def __init__(self, feature_names: list[str], max_rows: int = 100_000, seed: int = 0) -> None:
+        self.feature_names = list(feature_names)
+        self.max_rows = max_rows
+        self.seed = seed
+
+    def matrix(self, frame: pd.DataFrame) -> np.ndarray:
+        """The frame's features in ``feature_names`` order; infinities become missing values."""
+        x = frame[self.feature_names].to_numpy(dtype=np.float64, na_value=np.nan)
+        return np.where(np.isfinite(x), x, np.nan)
+
+    def fit(self, frame: pd.DataFrame, y: np.ndarray) -> LogisticBaseline:
+        """Fit on (a seeded subsample of at most ``max_rows`` of) the training rows."""
+        from sklearn.linear_model import LogisticRegression
+
+        x = self.matrix(frame)
+        if len(x) > self.max_rows:
+            keep = np.random.default_rng(self.seed).choice(len(x), self.max_rows, replace=False)
+            x, y = x[keep], np.asarray(y)[keep]
+        median = np.nanmedian(np.where(np.isnan(x).all(axis=0), 0.0, x), axis=0)
+        x = np.where(np.isnan(x), median, x)
+        mean, scale = x.mean(axis=0), x.std(axis=0)
+        scale[scale == 0] = 1.0
+        clf = LogisticRegression(class_weight="balanced", max_iter=200, C=1.0)
+        clf.fit((x - mean) / scale, y)
+        self.median_, self.mean_, self.scale_ = median, mean, scale
+        self.coef_, self.intercept_ = clf.coef_[0], float(clf.intercept_[0])
+        return self
+
+    def _standardised(self, x: np.ndarray) -> np.ndarray:
+        x = np.where(np.isfinite(x), x, np.nan)
+        return (np.where(np.isnan(x), self.median_, x) - self.mean_) / self.scale_
+
+    def terms(self, x: np.ndarray) -> np.ndarray:
+        """Each feature's share of the log-odds for a matrix in ``feature_names`` order: rows x
+        features, summing with ``intercept_`` to :meth:`log_odds`. The standardised inputs average
+        zero on the fitted rows, so these are the linear model's SHAP values and ``intercept_`` its
+        expected log-odds there."""
+        return self._standardised(x) * self.coef_
+
+    def log_odds(self, x: np.ndarray) -> np.ndarray:
+        """The fitted log-odds for a matrix in ``feature_names`` order (missing values imputed),
+        a block of rows at a time: standardising makes copies, and a training matrix is gigabytes."""
+        out = np.empty(len(x))
+        for i in range(0, len(x), _BLOCK_ROWS):
+            out[i : i + _BLOCK_ROWS] = self._standardised(x[i : i + _BLOCK_ROWS]) @ self.coef_
+        return out + self.intercept_
+
+    def frame_log_odds(self, frame: pd.DataFrame) -> np.ndarray:
+        """:meth:`log_odds` of a frame's rows, a block at a time (its float64 matrix is never whole)."""
+        out = np.empty(len(frame))
+        for i in range(0, len(frame), _BLOCK_ROWS):
+            out[i : i + _BLOCK_ROWS] = self.log_odds(self.matrix(frame.iloc[i : i + _BLOCK_ROWS]))
+        return out
+
+    def score(self, frame: pd.DataFrame) -> np.ndarray:
+        """Probability-like score (not calibrated: class weights shift it; ranking is what counts)."""
+        return 1.0 / (1.0 + np.exp(-np.clip(self.frame_log_odds(frame), -500, 500)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "feature_names": self.feature_names,
+            "median": self.median_.tolist(),
+            "mean": self.mean_.tolist(),
+            "scale": self.scale_.tolist(),
+            "coef": self.coef_.tolist(),
+            "intercept": self.intercept_,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LogisticBaseline:
+        out = cls(data["feature_names"])
+        out.median_, out.mean_, out.scale_ = (
+            np.asarray(data[k], dtype=np.float64) for k in ("median", "mean", "scale")
+        )
+        out.coef_, out.intercept_ = np.asarray(data["coef"], dtype=np.float64), float(data["intercept"])
+        return out

@@ -1,0 +1,226 @@
+"""Judge the model and the baselines on the same rows, and write what an operator reads.
+
+For each predictor (``model``, ``rules``, ``logistic``) and each part of the data: PR-AUC and
+ROC-AUC per row, then the operating point at the threshold chosen on *validation* for the
+false-alarm budget (recall and precision, false alarms per 1,000 node-days, lead times, recall
+per failure cause and for detectable vs undetectable failures; definitions in
+:mod:`foreshock.models.alerting`), and recall at a few equal false-alarm rates. :func:`evaluate` applies a
+trained model and its stored baselines, with their stored thresholds, to any other dataset, so
+the budget is tested where it was not tuned.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+from foreshock.models.alerting import EVAL_COLUMNS, EvalRows
+from foreshock.models.artifact import RiskModel
+from foreshock.models.baselines import LogisticBaseline, rule_scores
+from foreshock.models.frame import LabelledData, build_labelled, combined_fingerprint
+
+__all__ = ["PREDICTORS", "predictor_metrics", "scores_of", "clear_ms_of", "evaluate", "write_outputs"]
+
+PREDICTORS = ("model", "rules", "logistic")
+
+
+def predictor_metrics(rows: EvalRows, score: np.ndarray, threshold: float) -> dict[str, Any]:
+    """Ranking metrics per row plus the operating point at ``threshold`` (scores in ``rows`` order)."""
+    y = rows.label
+    both = 0 < y.sum() < y.size
+    out: dict[str, Any] = {
+        "rows": int(y.size),
+        "positives": int(y.sum()),
+        "base_rate": float(y.mean()) if y.size else None,
+        "node_days": rows.node_days,
+        "pr_auc": float(average_precision_score(y, score)) if both else None,
+        "roc_auc": float(roc_auc_score(y, score)) if both else None,
+    }
+    out.update(rows.at_threshold(score, threshold))
+    out["recall_at_false_alarm_rates"] = rows.recall_at_rates(score)
+    return out
+
+
+def scores_of(model: RiskModel, frame) -> dict[str, np.ndarray]:
+    """Scores of the model and of the baselines stored with it, for ``frame``'s rows."""
+    return {
+        "model": model.predict_proba(frame),
+        "rules": rule_scores(frame),
+        "logistic": LogisticBaseline.from_json(model.baselines["logistic"]).score(frame),
+    }
+
+
+def thresholds_of(model: RiskModel) -> dict[str, float]:
+    """Each predictor's budget threshold, as chosen on validation when the model was trained."""
+    return {
+        "model": model.threshold,
+        "rules": float(model.baselines["rules"]["threshold"]),
+        "logistic": float(model.baselines["logistic"]["threshold"]),
+    }
+
+
+def clear_ms_of(model: RiskModel) -> int:
+    """The quiet time that ends an alert episode, as the model's threshold was chosen with (models
+    trained before it was recorded ended an episode at every dip)."""
+    return int(model.metrics.get("training", {}).get("alert_clear_ms", 0))
+
+
+def evaluate(
+    model: RiskModel,
+    data_dirs: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    data: Sequence[LabelledData] | None = None,
+    feature_set: Any = None,
+    dask_address: str | None = None,
+    cadence_ms: int | None = None,
+) -> dict[str, Any]:
+    """Score every row of one or more other datasets with the model and its baselines; write
+    ``metrics.json``, ``report.md`` and plots to ``out_dir``; return the metrics (``metrics.json``'s
+    content).
+
+    Each whole dataset is evaluation data (nothing of it was seen in training, by the caller's
+    choice). Several datasets are judged as one pool (their nodes kept apart by the dataset's
+    name), with each one's own figures under ``by_dataset``: at 1 or 2 false alarms per 1,000
+    node-days a dataset of a thousand node-days allows one or two alarms, so which predictor
+    leads there turns on a single alert, and a pool of several seeds is the fair comparison.
+    ``data`` (one per folder) skips feature computation when the caller already has the frames;
+    ``dask_address`` computes the features on that Dask cluster. ``cadence_ms`` defaults to the
+    cadence the model was trained at; a finer one (the service scores every few seconds) measures
+    lead times and false alarms closer to what an operator sees, since alerts can start between
+    two training rows and a flapping score can open more episodes.
+    """
+    names = _dataset_names(data_dirs)
+    if data is not None and len(data) != len(names):
+        raise ValueError(f"{len(data)} labelled frames for {len(names)} dataset folders")
+    cadence_ms = cadence_ms or int(model.metrics.get("training", {}).get("cadence_ms", 60_000))
+    pooled = len(names) > 1
+    parts: list[_Scored] = []
+    for i, (name, data_dir) in enumerate(zip(names, data_dirs, strict=True)):
+        labelled = data[i] if data is not None else build_labelled(
+            data_dir, model.horizon_minutes * 60_000, cadence_ms, feature_set=feature_set,
+            dask_address=dask_address,
+        )
+        parts.append(_score_dataset(model, name, labelled, pool_size=len(names)))
+        del labelled  # one dataset's features at a time
+    cadences = {part.cadence_ms for part in parts}
+    if len(cadences) > 1:
+        raise ValueError(f"the datasets' rows come at different cadences: {sorted(cadences)} ms")
+    pool = pd.concat([part.frame for part in parts], ignore_index=True)
+    rows = EvalRows(pool, cadences.pop(), clear_ms_of(model))
+    scores = {p: rows.frame[p].to_numpy() for p in PREDICTORS}
+    thresholds = thresholds_of(model)
+    metrics: dict[str, Any] = {p: predictor_metrics(rows, scores[p], thresholds[p]) for p in PREDICTORS}
+    if pooled:
+        for p in PREDICTORS:
+            metrics[p]["by_dataset"] = {part.info["name"]: part.metrics[p] for part in parts}
+    fingerprints = [part.info["fingerprint"] for part in parts]
+    metrics["_info"] = {
+        "kind": "evaluate",
+        "model_version": model.version,
+        "feature_set_hash": model.feature_set_hash,
+        "horizon_minutes": model.horizon_minutes,
+        "datasets": [part.info for part in parts],
+        "dataset_fingerprint": combined_fingerprint(fingerprints) if pooled else fingerprints[0],
+        "cadence_ms": rows.cadence_ms,
+        "alert_clear_ms": rows.clear_ms,
+    }
+    write_outputs(
+        out_dir, metrics, {"evaluation": (rows, scores)}, model, title="Risk model evaluation",
+        shap_frame=pd.concat([part.shap_rows for part in parts]),
+    )
+    return metrics
+
+
+@dataclass
+class _Scored:
+    """One dataset of an evaluation, its features dropped: the columns ``EvalRows`` reads with each
+    predictor's score beside them (nodes prefixed with the dataset's name when pooled), a sample of
+    feature rows for the SHAP plot, and, when pooled, its own metrics."""
+
+    frame: pd.DataFrame
+    cadence_ms: int
+    shap_rows: pd.DataFrame
+    metrics: dict[str, Any]
+    info: dict[str, Any]
+
+
+def _score_dataset(model: RiskModel, name: str, labelled: LabelledData, pool_size: int) -> _Scored:
+    """Score one dataset and keep what the pool needs; its share of the SHAP sample is
+    ``SHAP_ROWS / pool_size`` rows."""
+    from foreshock.models.plots import SHAP_ROWS
+
+    per_dataset = pool_size > 1
+    if labelled.feature_set_hash != model.feature_set_hash:
+        raise ValueError(
+            f"model was trained on feature set {model.feature_set_hash}, "
+            f"dataset {name} has {labelled.feature_set_hash}"
+        )
+    rows = EvalRows(labelled.frame, labelled.cadence_ms, clear_ms_of(model))
+    scores = scores_of(model, rows.frame)
+    thresholds = thresholds_of(model)
+    metrics = (
+        {p: predictor_metrics(rows, scores[p], thresholds[p]) for p in PREDICTORS} if per_dataset else {}
+    )
+    kept = rows.frame[[c for c in EVAL_COLUMNS if c in rows.frame]].assign(**scores)
+    if per_dataset:
+        kept["node"] = name + "/" + kept["node"]
+    share = min(len(rows.frame), SHAP_ROWS // pool_size)
+    sample = rows.frame[model.feature_names].sample(share, random_state=0)
+    manifest = {k: labelled.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")}
+    info = {"name": name, **manifest, "fingerprint": labelled.fingerprint}
+    return _Scored(kept, rows.cadence_ms, sample, metrics, info)
+
+
+def _dataset_names(data_dirs: Sequence[str | Path]) -> list[str]:
+    """Each folder's name, numbered when two folders share one (``a``, ``a-2``)."""
+    if not data_dirs:
+        raise ValueError("no dataset to evaluate on")
+    names: list[str] = []
+    for d in data_dirs:
+        base = Path(d).resolve().name
+        name, n = base, 1
+        while name in names:
+            n += 1
+            name = f"{base}-{n}"
+        names.append(name)
+    return names
+
+
+def write_outputs(
+    out_dir: str | Path,
+    metrics: dict[str, Any],
+    parts: dict[str, tuple[EvalRows, dict]],
+    model: RiskModel,
+    title: str,
+    shap_frame: pd.DataFrame | None = None,
+) -> list[Path]:
+    """``metrics.json``, the PNG plots and ``report.md`` in ``out_dir``; returns the paths written.
+
+    ``parts`` maps a part name to its rows and per-predictor scores; plots use the first part, and
+    SHAP values its rows' features unless ``shap_frame`` gives the rows to explain.
+    """
+    from foreshock.models.plots import write_plots
+    from foreshock.models.report import write_report
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "metrics.json"
+    path.write_text(json.dumps(metrics, indent=1, sort_keys=True, default=_json_default))
+    name, (rows, scores) = next(iter(parts.items()))
+    plots = write_plots(out_dir, rows, scores, metrics, model, shap_frame=shap_frame)
+    report = write_report(out_dir, metrics, plots, title=title, plotted_part=name)
+    return [path, report, *plots]
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON-serialisable: {type(value)}")

@@ -1,0 +1,550 @@
+"""Training: LightGBM with early stopping, calibration, a budget threshold and the baselines.
+
+Recipe (each step on the time split of :mod:`foreshock.models.splits`, nothing shuffled):
+
+1. The logistic baseline (:class:`foreshock.models.baselines.LogisticBaseline`), fitted on its own best
+   training rows (10 negatives per positive, none censored). It is both the baseline the model
+   is judged against and the model's *linear prior*.
+2. LightGBM binary classifier on train rows, boosted from :data:`PRIOR_WEIGHT` times the
+   baseline's log-odds (LightGBM ``init_score``) rather than from the base rate, when that beats
+   trees alone on validation and its margin still calibrates (:func:`fit_with_prior`). A tree's score
+   is flat past its last split, so harmless single-bit ECC bursts scored as high as foreshocks
+   twice as strong; the linear part keeps rising with the count. Of the weights 0.1, 0.2, 0.3
+   and 1.0, 0.3 had the best validation PR-AUC (llama3, 14 days: 0.274 against 0.263-0.271; 0
+   gave 0.266); on pools of unseen seeds it took the failures caught at 1 false alarm per 1,000
+   node-days from 175 to 253 on infinitehbd and from 337 to 359 on llama3 (models/README.md;
+   measured before constraints.txt pinned the libraries).
+   Small trees (see :data:`DEFAULT_PARAMS`; the rows per leaf grow with the training rows,
+   :func:`min_leaf_rows`), monotone in every evidence feature (:func:`monotone_directions`),
+   binned with bounds in the tails (:func:`tail_bin_bounds`), and the iterations kept are
+   those with the best validation average precision, at least :data:`MIN_ROUNDS` of them (a
+   noisy validation curve used to stop after ~7 trees). Every negative is kept and left
+   unweighted by default: subsampling to 10 per positive and ``scale_pos_weight =
+   sqrt(neg/pos)`` both lowered validation PR-AUC (the negatives are what teach the trees that
+   workload swings and false-alarm transients are harmless).
+   ``negatives_per_positive`` still subsamples (seeded, every positive kept) for very large frames.
+   Training leaves out the negatives that precede a failure by less than ``censor_ms`` (default
+   :data:`CENSOR_MS`, 6 h: the longest foreshock in the reference profiles). A node whose fault is
+   building hours ahead is not healthy, and teaching the trees that it is taught them to stay
+   quiet until the last minutes. Chosen on validation (llama3, 14 days; 0, 6, 12 or 24 h) by the
+   failures warned at least 15 min ahead; with the 20-30 min windows it took those from 28 to
+   31, and those warned 30 min ahead from 13 to 22, at the same row PR-AUC. Only training rows
+   are censored; calibration, the threshold and every metric see all rows, so the probability
+   still means "fails within H".
+3. Platt calibration of the margin (trees plus prior) on validation rows (a monotone map:
+   ranking unchanged).
+4. The alert threshold: the lowest one whose false alarms on validation stay within the budget
+   (default 1 per 1,000 node-days; alert episodes clear after 30 quiet minutes:
+   :mod:`foreshock.models.alerting`). The same procedure sets the
+   baselines' thresholds, so every predictor spends the same budget.
+5. Metrics of model and baselines on validation, test, and test restricted to held-out nodes.
+
+With a Dask scheduler address, step 2 runs through ``lightgbm.dask`` on that cluster: a fixed
+number of rounds, then the best iteration is chosen on validation (early stopping after the fact,
+since ``lightgbm.dask`` cannot stop early); the rest is identical.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightgbm as lgb
+import numpy as np
+import pandas as pd
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import average_precision_score
+
+from foreshock.features.default_set import RISK_DIRECTIONS
+from foreshock.models.alerting import ALERT_CLEAR_MS, EvalRows
+from foreshock.models.artifact import RiskModel
+from foreshock.models.baselines import LogisticBaseline, rule_scores
+from foreshock.models.evaluate import PREDICTORS, predictor_metrics, write_outputs
+from foreshock.models.frame import LabelledData, build_labelled
+from foreshock.models.splits import make_split
+
+__all__ = [
+    "DEFAULT_PARAMS",
+    "min_leaf_rows",
+    "monotone_directions",
+    "tail_bin_bounds",
+    "forced_bins_file",
+    "CENSOR_MS",
+    "train_from_dataset",
+    "train_on",
+    "censor_before_failures",
+    "fit_booster",
+    "fit_with_prior",
+    "choose_prior_weight",
+    "platt_calibration",
+]
+
+DEFAULT_PARAMS: dict[str, Any] = {
+    "objective": "binary",
+    # ~250 failure episodes, most of them with no precursor at all: small, heavily populated
+    # leaves and half the features per tree, or the trees learn the workload gauges of the
+    # training period's failing nodes (chosen on validation, see models/README.md)
+    "learning_rate": 0.05,
+    "num_leaves": 4,
+    "max_bin": 63,
+    "min_child_samples": 300,  # the floor: train_on raises it with the rows (min_leaf_rows)
+    "colsample_bytree": 0.5,
+    "reg_lambda": 1.0,
+    "n_jobs": 1,  # OpenMP threads spin: on a shared, busy machine one thread is the fast choice
+    "verbose": -1,
+    # every evidence feature is monotone (monotone_directions): "intermediate" keeps more of the
+    # trees' freedom than "basic" at the same guarantee
+    "monotone_constraints_method": "intermediate",
+}
+MAX_ROUNDS = 1000
+MIN_ROUNDS = 50
+EARLY_STOPPING_ROUNDS = 40
+NEGATIVES_PER_POSITIVE = math.inf
+# the logistic baseline keeps its own best recipe (10 negatives per positive: validation PR-AUC
+# 0.177 against 0.158 on every negative, llama3 512 nodes), so the model is judged against it
+LOGISTIC_NEGATIVES_PER_POSITIVE = 10.0
+CENSOR_MS = 6 * 3_600_000
+PRIOR_WEIGHT = 0.3
+# Platt's slope is kept at least this (a monotone map); a margin that needs the floor does not
+# calibrate, and fit_with_prior does not choose it
+MIN_PLATT_SLOPE = 1e-6
+DASK_ROUNDS = 200
+# a leaf holds at least this share of the training rows, and never fewer than the 300 of
+# DEFAULT_PARAMS (five hours of one node at one row a minute). A rare cause must be able to have
+# a leaf of its own: in the 14-day llama3 training period, 195 rows of four thermal foreshocks
+# show a GPU-temperature spread above 10 degrees, beside 137 healthy rows; the 2,392 rows of the
+# rule before (1 in 2,000) could not hold them apart. Small leaves once learned noise (500 rows,
+# unconstrained trees, raised 7 false alarms in 974 node-days on another seed); what 300-row
+# leaves under the monotone constraints (:func:`monotone_directions`) spend is in models/README.md
+MIN_LEAF_SHARE = 1 / 16_000
+
+
+# LightGBM bins each feature into max_bin bins holding about as many rows each, so the top bin
+# of a gauge whose evidence lives in its rarest rows starts where the healthy rows end: on the
+# 14-day llama3 set the highest split the GPU-temperature spread allowed was 6.5 degrees, under
+# the harmless thermal transients (up to 14 degrees) and far under the foreshocks. (Integer counts
+# bin by their distinct values and were not cut short: single-bit ECC's top bin starts past 390
+# errors in 10 min.) Bounds forced at these quantiles of the training rows, in both tails, let a
+# split fall there.
+TAIL_QUANTILES = (1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
+
+
+def tail_bin_bounds(x: pd.DataFrame) -> list[dict[str, Any]]:
+    """LightGBM's forced bins (``forcedbins_filename``'s content): for every column of ``x``
+    with a finite value, bin bounds at :data:`TAIL_QUANTILES` of its values and at their mirror
+    images (1 - q). LightGBM fills the rest of ``max_bin`` as usual."""
+    qs = [*TAIL_QUANTILES, *(1.0 - q for q in TAIL_QUANTILES)]
+    out = []
+    for i, name in enumerate(x.columns):
+        v = x[name].to_numpy(dtype=np.float64, na_value=np.nan)
+        v = v[np.isfinite(v)]
+        if v.size:
+            out.append({"feature": i, "bin_upper_bound": np.unique(np.quantile(v, qs)).tolist()})
+    return out
+
+
+@contextmanager
+def forced_bins_file(x: pd.DataFrame) -> Iterator[str]:
+    """The path of a temporary file holding :func:`tail_bin_bounds` of ``x``: LightGBM's
+    ``forcedbins_filename``, which it reads when it bins a dataset."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "forced_bins.json"
+        path.write_text(json.dumps(tail_bin_bounds(x)))
+        yield str(path)
+
+
+def monotone_directions(names: list[str]) -> list[int]:
+    """LightGBM's ``monotone_constraints`` for these columns: each default feature's
+    :func:`foreshock.features.default_set.risk_direction`, 0 (free) for any other column.
+
+    A tree may not lower a node's risk for more errors, a hotter GPU or a slower clock, so
+    leaves small enough to hold one failure cause (the thermal foreshocks of a training period
+    are a few hours of rows) cannot turn a chance dip in a count into lower risk."""
+    return [RISK_DIRECTIONS.get(n, 0) for n in names]
+
+
+def min_leaf_rows(training_rows: int) -> int:
+    """LightGBM's ``min_child_samples`` for this many training rows (see :data:`MIN_LEAF_SHARE`)."""
+    return max(int(DEFAULT_PARAMS["min_child_samples"]), round(training_rows * MIN_LEAF_SHARE))
+
+
+def _trim(booster: lgb.Booster, iterations: int) -> lgb.Booster:
+    return lgb.Booster(model_str=booster.model_to_string(num_iteration=iterations))
+
+
+def _best_iteration(history: list[float]) -> int:
+    """1-based iteration with the highest validation AP among those at or after
+    :data:`MIN_ROUNDS` (among all when fewer were run)."""
+    first = min(MIN_ROUNDS, len(history)) - 1
+    return first + int(np.argmax(history[first:])) + 1
+
+
+def _stop_after(history: list[float]):
+    """LightGBM callback: stop once :data:`MIN_ROUNDS` are done and the best iteration is
+    :data:`EARLY_STOPPING_ROUNDS` old (so validation noise cannot stop training after a handful
+    of trees)."""
+
+    def callback(env: lgb.callback.CallbackEnv) -> None:
+        history.append(env.evaluation_result_list[0][2])
+        done = env.iteration + 1
+        if done >= MIN_ROUNDS and done - _best_iteration(history) >= EARLY_STOPPING_ROUNDS:
+            raise lgb.callback.EarlyStopException(done - 1, env.evaluation_result_list)
+
+    callback.order = 30  # type: ignore[attr-defined]
+    return callback
+
+
+def fit_booster(
+    x_train: pd.DataFrame,
+    y_train: np.ndarray,
+    x_val: pd.DataFrame,
+    y_val: np.ndarray,
+    params: dict[str, Any],
+    dask_address: str | None = None,
+    init: tuple[np.ndarray, np.ndarray] | None = None,
+) -> lgb.Booster:
+    """Fit, then keep the iterations with the best validation average precision (at least
+    :data:`MIN_ROUNDS` of them); returns a booster holding only those iterations.
+
+    ``init`` is the log-odds the trees start from on the training and validation rows
+    (LightGBM's ``init_score``; validation is judged on it plus the trees). Without it LightGBM
+    starts from the training base rate."""
+    init_train, init_val = init if init is not None else (None, None)
+    if dask_address is None:
+        history: list[float] = []
+        with forced_bins_file(x_train) as path:
+            booster = lgb.train(
+                {**params, "metric": "average_precision", "forcedbins_filename": path},
+                lgb.Dataset(x_train, y_train, init_score=init_train, free_raw_data=False),
+                num_boost_round=MAX_ROUNDS,
+                valid_sets=[lgb.Dataset(x_val, y_val, init_score=init_val)],
+                callbacks=[_stop_after(history)],
+            )
+        return _trim(booster, _best_iteration(history))
+    import dask.dataframe as dd
+    from distributed import Client
+    from lightgbm.dask import DaskLGBMClassifier
+
+    with Client(dask_address) as client:
+        workers = max(1, len(client.scheduler_info()["workers"]))
+        columns = {"_label": y_train, **({} if init_train is None else {"_init": init_train})}
+        train = dd.from_pandas(x_train.assign(**columns), npartitions=workers)
+        local = {k: v for k, v in params.items() if k != "n_jobs"}  # lightgbm.dask sets threads per worker
+        local.setdefault("n_estimators", DASK_ROUNDS)
+        # each worker builds its own bins: the bounds file must be at the same path on every one
+        path = str(Path(tempfile.gettempdir()) / f"foreshock-forced-bins-{uuid.uuid4().hex}.json")
+        client.run(_write_text, path, json.dumps(tail_bin_bounds(x_train)))
+        try:
+            clf = DaskLGBMClassifier(client=client, forcedbins_filename=path, **local)
+            clf.fit(
+                train[list(x_train.columns)],
+                train["_label"],
+                init_score=None if init_train is None else train["_init"],
+            )
+        finally:
+            client.run(_remove, path)
+        booster = clf.booster_
+    start = 0.0 if init_val is None else init_val
+    curve = [
+        float(average_precision_score(y_val, start + booster.predict(x_val, raw_score=True, num_iteration=k)))
+        for k in range(1, booster.current_iteration() + 1)
+    ]
+    return _trim(booster, _best_iteration(curve))
+
+
+def _write_text(path: str, text: str) -> None:
+    Path(path).write_text(text)
+
+
+def _remove(path: str) -> None:
+    Path(path).unlink(missing_ok=True)
+
+
+def fit_with_prior(
+    train: pd.DataFrame,
+    val: pd.DataFrame,
+    names: list[str],
+    params: dict[str, Any],
+    prior: LogisticBaseline,
+    prior_weight: float,
+    dask_address: str | None = None,
+) -> tuple[lgb.Booster, float, dict[float, dict[str, float]]]:
+    """Fit trees alone and, when ``prior_weight`` > 0, trees boosted from ``prior_weight`` times
+    ``prior``'s log-odds; keep the one whose margin has the higher validation average precision
+    (a tie keeps the trees alone), among those whose margin calibrates (Platt slope above
+    :data:`MIN_PLATT_SLOPE`). Returns the booster, its weight and, per candidate, its validation
+    ``pr_auc`` and Platt map (``platt_slope``, ``platt_intercept``): the kept candidate's map is
+    the model's calibration.
+
+    Why both: the prior helps where the logistic regression generalises (llama3, 512 nodes, 14
+    days: validation PR-AUC 0.272 against 0.266) and hurts where it overfits a short training
+    period: on the demo's 48 nodes and 2 days its 10 highest-scored validation rows are all
+    negatives. Why calibration too: there the trees built on it can still rank validation a
+    little better (PR-AUC 0.049 against 0.045 with the libraries of ``constraints.txt``) while
+    their Platt slope falls to its floor, so every probability is the base rate, every node
+    scores the same and the mitigator never acts."""
+    y_train, y_val = train["label"].to_numpy(), val["label"].to_numpy()
+    weights = sorted({0.0, max(prior_weight, 0.0)})
+    linear = {"train": prior.frame_log_odds(train), "val": prior.frame_log_odds(val)} if weights[-1] else {}
+    fitted: dict[float, lgb.Booster] = {}
+    judged: dict[float, dict[str, float]] = {}
+    for weight in weights:
+        init = None if weight == 0 else (weight * linear["train"], weight * linear["val"])
+        fitted[weight] = fit_booster(
+            train[names], y_train, val[names], y_val, params, dask_address, init=init
+        )
+        margin = fitted[weight].predict(val[names], raw_score=True) + (init[1] if init else 0.0)
+        slope, intercept = platt_calibration(margin, y_val)
+        judged[weight] = {
+            "pr_auc": float(average_precision_score(y_val, margin)),
+            "platt_slope": slope,
+            "platt_intercept": intercept,
+        }
+    best = choose_prior_weight(judged)
+    return fitted[best], best, judged
+
+
+def choose_prior_weight(judged: dict[float, dict[str, float]]) -> float:
+    """The weight of the candidate :func:`fit_with_prior` keeps: the highest validation
+    ``pr_auc`` among trees alone (weight 0, always eligible) and the candidates whose
+    ``platt_slope`` is above the floor; a tie keeps the smaller weight."""
+    eligible = [w for w in sorted(judged) if w == 0 or judged[w]["platt_slope"] > MIN_PLATT_SLOPE]
+    return max(eligible, key=lambda w: judged[w]["pr_auc"])
+
+
+def platt_calibration(margin: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """``(a, b)`` with ``P = sigmoid(a * margin + b)`` fitted on validation; ``a`` kept positive so
+    the map stays monotone even for a model with no skill."""
+    lr = LogisticRegression(C=1e6, max_iter=1000).fit(margin.reshape(-1, 1), y)
+    return max(float(lr.coef_[0, 0]), MIN_PLATT_SLOPE), float(lr.intercept_[0])
+
+
+def _subsample(frame: pd.DataFrame, negatives_per_positive: float, seed: int) -> pd.DataFrame:
+    pos = frame[frame["label"] == 1]
+    neg = frame[frame["label"] == 0]
+    if len(neg) <= negatives_per_positive * len(pos):
+        return frame
+    n = int(negatives_per_positive * len(pos))
+    return pd.concat([pos, neg.sample(n, random_state=seed)]).sort_values(["node", "ts"], kind="stable")
+
+
+def censor_before_failures(frame: pd.DataFrame, censor_ms: int) -> pd.DataFrame:
+    """``frame`` without its negatives that lie at most ``censor_ms`` before the node's next
+    failure (the ambiguous zone of a foreshock still building up); positives are all kept."""
+    if censor_ms <= 0:
+        return frame
+    ahead = frame["failure_ts"].astype("float64").to_numpy() - frame["ts"].to_numpy(dtype="float64")
+    ambiguous = (frame["label"].to_numpy() == 0) & (np.nan_to_num(ahead, nan=np.inf) <= censor_ms)
+    return frame.loc[~ambiguous]
+
+
+def train_on(
+    data: LabelledData,
+    *,
+    budget_per_1000_node_days: float = 1.0,
+    params: dict[str, Any] | None = None,
+    dask_address: str | None = None,
+    negatives_per_positive: float = NEGATIVES_PER_POSITIVE,
+    censor_ms: int = CENSOR_MS,
+    clear_ms: int = ALERT_CLEAR_MS,
+    seed: int = 0,
+    holdout_fraction: float = 0.15,
+    prior_weight: float = PRIOR_WEIGHT,
+) -> tuple[RiskModel, dict[str, Any], dict[str, tuple[EvalRows, dict]]]:
+    """Train the model and baselines on a labelled frame. Returns the model, the metrics
+    (``metrics.json`` content) and, per evaluated part, its rows and every predictor's scores."""
+    frame, names = data.frame, data.feature_names
+    split = make_split(frame, data.horizon_ms, holdout_fraction=holdout_fraction)
+    masks = split.masks(frame)
+    parts = {name: frame.loc[mask] for name, mask in masks.items()}
+    for name in ("train", "val"):
+        if parts[name]["label"].sum() == 0:
+            raise ValueError(f"the {name} period holds no failure: use more nodes or days, or a higher rate")
+    train = _subsample(censor_before_failures(parts["train"], censor_ms), negatives_per_positive, seed)
+    logistic_rows = _subsample(parts["train"], LOGISTIC_NEGATIVES_PER_POSITIVE, seed)
+    logistic = LogisticBaseline(names, seed=seed).fit(logistic_rows, logistic_rows["label"].to_numpy())
+    params = {
+        **DEFAULT_PARAMS,
+        "min_child_samples": min_leaf_rows(len(train)),
+        "monotone_constraints": monotone_directions(names),
+        "random_state": seed,
+        **(params or {}),
+    }
+    booster, prior_weight, candidates = fit_with_prior(
+        train, parts["val"], names, params, logistic, prior_weight, dask_address
+    )
+
+    val_rows = EvalRows(parts["val"], data.cadence_ms, clear_ms)
+    model = RiskModel(
+        booster,
+        feature_names=names,
+        feature_set_hash=data.feature_set_hash,
+        threshold=1.0,
+        horizon_minutes=data.horizon_ms // 60_000,
+        prior=logistic,
+        prior_weight=prior_weight,
+    )
+    kept = candidates[prior_weight]
+    model.calibration = (kept["platt_slope"], kept["platt_intercept"])
+    scorers = {"model": model.predict_proba, "rules": rule_scores, "logistic": logistic.score}
+    thresholds = {
+        p: val_rows.threshold_for_budget(scorers[p](val_rows.frame), budget_per_1000_node_days)
+        for p in PREDICTORS
+    }
+    model.threshold = thresholds["model"]
+    model.baselines = {
+        "rules": {"threshold": thresholds["rules"]},
+        "logistic": {**logistic.to_json(), "threshold": thresholds["logistic"]},
+    }
+
+    evaluated: dict[str, tuple[EvalRows, dict]] = {}
+    for part in ("test", "val", "test_unseen_nodes"):
+        rows = val_rows if part == "val" else EvalRows(parts[part], data.cadence_ms, clear_ms)
+        evaluated[part] = (rows, {p: scorers[p](rows.frame) for p in PREDICTORS})
+    metrics: dict[str, Any] = {}
+    for p in PREDICTORS:
+        per_part = {
+            part: predictor_metrics(rows, scores[p], thresholds[p])
+            for part, (rows, scores) in evaluated.items()
+            if len(rows.frame)
+        }
+        metrics[p] = {**per_part["test"], "by_split": {k: v for k, v in per_part.items() if k != "test"}}
+    metrics["_info"] = {
+        "kind": "train",
+        "feature_set_hash": data.feature_set_hash,
+        "features": len(names),
+        "horizon_minutes": data.horizon_ms // 60_000,
+        "cadence_ms": data.cadence_ms,
+        "budget_false_alarms_per_1000_node_days": budget_per_1000_node_days,
+        "dataset": {k: data.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")},
+        "dataset_fingerprint": data.fingerprint,
+        "rows": {k: int(v.sum()) for k, v in masks.items()},
+        "train_rows_used": len(train),
+        "censor_ms": censor_ms,
+        "alert_clear_ms": clear_ms,
+        "prior_weight": model.prior_weight,
+        "prior_val_pr_auc": {f"{w:g}": c["pr_auc"] for w, c in candidates.items()},
+        "prior_val_platt_slope": {f"{w:g}": c["platt_slope"] for w, c in candidates.items()},
+        "best_iteration": booster.current_iteration(),
+        "lgb_params": params,
+        "distributed": dask_address is not None,
+        "split": split.describe(),
+    }
+    model.metrics = {
+        p: {k: v for k, v in metrics[p].items() if k not in ("lead_minutes", "by_split")} for p in PREDICTORS
+    }
+    model.metrics["training"] = {
+        k: metrics["_info"][k]
+        for k in (
+            "cadence_ms",
+            "dataset_fingerprint",
+            "budget_false_alarms_per_1000_node_days",
+            "alert_clear_ms",
+            "prior_weight",
+            "best_iteration",
+        )
+    }
+    return model, metrics, evaluated
+
+
+def train_from_dataset(
+    data_dir: str | Path,
+    out_dir: str | Path,
+    horizon_minutes: int = 60,
+    tracking_uri: str | None = None,
+    dask_address: str | None = None,
+    *,
+    register: bool = True,
+    cadence_ms: int = 60_000,
+    budget_per_1000_node_days: float = 1.0,
+    feature_set: Any = None,
+    features: pd.DataFrame | None = None,
+    seed: int = 0,
+    params: dict[str, Any] | None = None,
+    censor_ms: int = CENSOR_MS,
+    clear_ms: int = ALERT_CLEAR_MS,
+    prior_weight: float = PRIOR_WEIGHT,
+) -> RiskModel:
+    """Train on a dataset folder; write ``out_dir/model/``, ``metrics.json``, ``report.md`` and
+    plots; log the run to MLflow and register the model (unless ``register=False``).
+
+    ``tracking_uri`` defaults to the embedded store ``sqlite:///<data_dir>/mlflow.db``. The returned
+    model's ``version`` is its registry version when registered.
+    """
+    out_dir = Path(out_dir)
+    data = build_labelled(
+        data_dir,
+        horizon_minutes * 60_000,
+        cadence_ms,
+        feature_set=feature_set,
+        features=features,
+        dask_address=dask_address,
+    )
+    model, metrics, evaluated = train_on(
+        data,
+        budget_per_1000_node_days=budget_per_1000_node_days,
+        params=params,
+        dask_address=dask_address,
+        seed=seed,
+        censor_ms=censor_ms,
+        clear_ms=clear_ms,
+        prior_weight=prior_weight,
+    )
+    model.save(out_dir / "model")
+    written = write_outputs(out_dir, metrics, evaluated, model, title="Risk model training")
+    if register:
+        from foreshock.models.registry import log_and_register, sqlite_uri
+
+        test_rows = evaluated["test"][0]
+        registration = log_and_register(
+            model,
+            tracking_uri=tracking_uri or sqlite_uri(data_dir),
+            params={
+                "horizon_minutes": horizon_minutes,
+                "cadence_ms": cadence_ms,
+                "seed": seed,
+                "censor_ms": censor_ms,
+                "alert_clear_ms": clear_ms,
+                "prior_weight": model.prior_weight,
+                "budget_false_alarms_per_1000_node_days": budget_per_1000_node_days,
+                "best_iteration": metrics["_info"]["best_iteration"],
+                "distributed": dask_address is not None,
+                **{f"lgb_{k}": v for k, v in metrics["_info"]["lgb_params"].items()},
+            },
+            metrics=_flat_metrics(metrics),
+            dataset_fingerprint=data.fingerprint,
+            artifacts=written,
+            score_on_test=lambda m: float(
+                average_precision_score(test_rows.label, m.predict_proba(test_rows.frame))
+            ),
+        )
+        model.version = registration.version
+        metrics["_info"]["registry"] = {
+            "version": registration.version,
+            "promoted": registration.promoted,
+            "previous_champion": registration.previous_champion,
+        }
+        model.save(out_dir / "model")
+        write_outputs(out_dir, metrics, evaluated, model, title="Risk model training")
+    return model
+
+
+def _flat_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """``<predictor>.<part>.<metric>`` for every numeric scalar (MLflow metric names), and the
+    recall at each equal false-alarm rate as ``...recall_at_false_alarm_rate_<rate>``."""
+    out: dict[str, float] = {}
+    for p in PREDICTORS:
+        for part, m in {"test": metrics[p], **metrics[p]["by_split"]}.items():
+            for key, value in m.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    out[f"{p}.{part}.{key}"] = float(value)
+            for rate, at in m.get("recall_at_false_alarm_rates", {}).items():
+                if at["recall"] is not None:
+                    out[f"{p}.{part}.recall_at_false_alarm_rate_{rate}"] = float(at["recall"])
+    return out

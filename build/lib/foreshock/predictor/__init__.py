@@ -1,0 +1,1 @@
+"""Stream scoring service, the risk HTTP API and Prometheus metrics."""

@@ -1,0 +1,42 @@
+"""The production :class:`foreshock.predictor.service.EngineFactory`: ``foreshock.features.online``
+engines of one feature set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from foreshock.features.kernels import add_peer_features
+from foreshock.features.spec import FeatureSet
+
+__all__ = ["OnlineEngines"]
+
+
+class OnlineEngines:
+    """Makes :class:`foreshock.features.online.OnlineFeatureEngine` instances for ``feature_set``.
+
+    ``tolerance_ms`` is the engine's allowance for out-of-order records (see its docstring).
+    """
+
+    def __init__(self, feature_set: FeatureSet, tolerance_ms: int = 60_000):
+        self.feature_set = feature_set
+        self.feature_set_hash = feature_set.hash
+        self.tick_ms = feature_set.bucket_ms
+        self.tolerance_ms = tolerance_ms
+
+    def new(self):
+        from foreshock.features.online import OnlineFeatureEngine
+
+        return OnlineFeatureEngine(self.feature_set, tolerance_ms=self.tolerance_ms)
+
+    def load(self, path: Path):
+        from foreshock.features.online import OnlineFeatureEngine
+
+        return OnlineFeatureEngine.load(path, self.feature_set)
+
+    def finish(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """Order one tick's rows by (ts, node), as the batch engine does, and recompute the peer
+        features over all of them (each partition's engine only saw its own nodes)."""
+        frame = frame.sort_values(["ts", "node"], kind="stable", ignore_index=True)
+        return add_peer_features(frame, self.feature_set)

@@ -1,0 +1,278 @@
+"""One partition's online state and its event-time scoring clock.
+
+Scoring runs on **event time**: a partition is scored at every boundary ``T`` (a multiple of
+the scoring period, epoch-aligned) with exactly the records whose time is ``<= T`` applied to
+its feature engine. That makes the scores a function of the logs' contents and order alone, so
+a process restored from a checkpoint and replaying from the checkpointed offsets publishes the
+same scores as one that never stopped, and an accelerated stream (the demo, a replay) is scored
+at its own pace.
+
+Records are therefore held back until their boundary closes. Boundary ``T`` closes when every
+log the process owns has either moved past ``T + lateness`` or has been read to its end (lag 0;
+a sparse topic such as Xid events must not stall scoring). All partitions close ``T`` in the
+same cycle, so cross-node (peer) features at ``T`` see every node the process scores. A record
+that arrives behind its own log's progress by more than ``lateness`` is treated as arriving at
+``progress - lateness``: that keeps the decision a function of each log's own order, never of how
+fetches from different logs interleaved.
+
+A record's time must be plausible before it may move any of this (:func:`time_anomaly`): one
+dated past the wall clock, or too far behind its own log for the feature engine to place, is
+dead-lettered instead, so a single bad stamp (a clock 6 h ahead, ts = 2^53) can neither hold
+back every later record of its log nor be saved into a checkpoint. A stretch of boundaries at
+which a partition has no live node is skipped in one step (:meth:`PartitionState.skip_idle`),
+so an early stamp that slipped in as a log's first record costs one boundary, not a walk from 1970.
+
+A node out of service (its last node event at or before ``T`` a ``down``, ``drained`` or
+``failed``, not yet followed by ``repaired`` or ``up``) is not scored at ``T``: training never saw
+such rows (the labels leave them out), and an alert for a node that runs no work only adds noise.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from foreshock.ingest.contract import RECORD_TYPES, RETURN_EVENTS, UNAVAILABLE_EVENTS, Topic, decode, encode
+
+__all__ = ["OnlineEngine", "PartitionState", "watermark", "apply_by_tick", "time_anomaly"]
+
+_SERVICE_EVENTS = UNAVAILABLE_EVENTS | RETURN_EVENTS
+
+
+class OnlineEngine(Protocol):
+    """What the service needs of ``foreshock.features.online.OnlineFeatureEngine``."""
+
+    def update(self, records: list[Any]) -> Any: ...
+
+    def features_at(self, ts: int, nodes: Sequence[str] | None = None, peers: bool = True) -> Any: ...
+
+    def nodes(self) -> Any: ...
+
+    def save(self, path: Any) -> Any: ...
+
+
+def watermark(states: Iterable[PartitionState], topics: Sequence[str],
+              lag: Mapping[tuple[str, int], int | None]) -> int | None:
+    """Time up to which every owned log has been read (None: unknown yet).
+
+    A log read to its end (lag 0) holds nothing older and does not hold the others back; a log
+    with unread records that we have never read from may hold anything, so the answer is None.
+    """
+    bounded: list[int] = []
+    seen: list[int] = []
+    for state in states:
+        for topic in topics:
+            if (topic, state.partition) not in lag or lag[(topic, state.partition)] == 0:
+                continue
+            progress = state.progress.get(topic)
+            if progress is None:
+                return None
+            bounded.append(progress)
+        seen.extend(state.progress.values())
+    if bounded:
+        return min(bounded)
+    return max(seen, default=None)
+
+
+def time_anomaly(state: PartitionState, topic: str, records: Sequence[Any], receipt_ms: int, *,
+                 future_ms: int, past_ms: int) -> str | None:
+    """Why one consumed message's records may not enter ``state`` (None: they may), for its dead letter.
+
+    Checked before :meth:`PartitionState.add`, so a refused message moves neither the log's progress,
+    nor the first boundary, nor the engine's watermark, and is never saved into a checkpoint.
+
+    - **Future:** a record dated more than ``future_ms`` after ``receipt_ms`` (the wall clock when
+      the poll returned). A log's own event time cannot be the reference here: a record after a
+      real gap (a broker outage, the only node of a partition rebooting, a quiet night) is exactly
+      as far ahead of it as a wrong one, and refusing it would refuse every record after the gap,
+      for good. Telemetry cannot come from the future, so this also covers the very first record
+      of a partition, which has no event time to compare with. What it does not catch is a jump
+      *within* the past (a replay of last year's data with one record 6 h ahead of the others):
+      such a record is taken as data. The hosts' clocks must agree within ``future_ms`` (NTP).
+    - **Past:** a record older than its own log's newest record (``progress``; per (topic,
+      partition), because the logs of one partition are read at different paces and a sparse
+      log's next record is legitimately far behind a dense one) by more than ``past_ms`` —
+      lateness plus the feature engine's tolerance: the engine keeps every record at least that
+      recent and may drop (silently) one that is older. Node events are never refused for
+      being late: the engine does not bucket them and the service places them at any time. The
+      first record of a log has nothing to trail, so it passes: see :meth:`PartitionState.skip_idle`.
+
+    A message whose records disagree is refused whole, as :func:`foreshock.ingest.contract.decode` refuses
+    a message with one invalid record: its dead letter holds the original bytes.
+    """
+    progress = state.progress.get(topic) if topic != Topic.NODE_EVENTS else None
+    for r in records:
+        if r.ts > receipt_ms + future_ms:
+            return (f"time anomaly: ts {r.ts} is dated {(r.ts - receipt_ms) / 1000:,.0f} s after its receipt "
+                    f"(future tolerance {future_ms / 1000:g} s): it would move the partition's event time")
+        if progress is not None and r.ts < progress - past_ms:
+            return (f"time anomaly: ts {r.ts} is {(progress - r.ts) / 1000:,.0f} s behind the newest record "
+                    f"of {topic} partition {state.partition} (ts {progress}), more than lateness + "
+                    f"tolerance ({past_ms / 1000:g} s): the feature engine can no longer place it")
+    return None
+
+
+def apply_by_tick(engine: OnlineEngine, timed: Sequence[tuple[int, Any, Any]], tick_ms: int) -> None:
+    """Feed ``(time, _, record)`` items, sorted by time, to ``engine`` in one update per tick.
+
+    The engine finalises buckets behind its newest record minus its tolerance as soon as an
+    update arrives, so one update spanning more than the tolerance would drop its own early
+    records of a kind it reads second; a tick per update stays within any tolerance >= a tick.
+    """
+    start = 0
+    while start < len(timed):
+        tick_end = (timed[start][0] // tick_ms + 1) * tick_ms
+        stop = bisect.bisect_left(timed, tick_end, lo=start, key=lambda item: item[0])
+        engine.update([r for _, _, r in timed[start:stop]])
+        start = stop
+
+
+class PartitionState:
+    """Engine, held records, log progress and next boundary of one partition number.
+
+    ``positions`` holds the next offset to read per ``(topic, partition)``; ``progress`` the
+    highest record time read per topic. Both travel in the checkpoint with the held records.
+    """
+
+    def __init__(self, partition: int, engine: OnlineEngine, period_ms: int, lateness_ms: int = 0,
+                 tick_ms: int = 60_000):
+        if period_ms <= 0 or tick_ms <= 0:
+            raise ValueError("scoring period and tick must be positive")
+        self.partition = partition
+        self.engine = engine
+        self.period_ms = period_ms
+        self.lateness_ms = lateness_ms
+        self.tick_ms = tick_ms
+        self.positions: dict[tuple[str, int], int] = {}
+        self.progress: dict[str, int] = {}
+        self.next_boundary: int | None = None
+        self._closed_any = False  # until the first close, an earlier record moves the first boundary
+        # per node, its changes of service (effective time, out of service?) read so far, in time
+        # order; read as of a boundary, so it does not matter that they arrive ahead of it
+        self._service: dict[str, list[tuple[int, bool]]] = {}
+        self._held: list[tuple[int, str, Any]] = []  # (effective ts, topic, record)
+        self._in_order = True  # _held is sorted by (effective ts, topic)
+
+    # ---- intake --------------------------------------------------------------------------
+    def add(self, topic: str, offset: int, records: Sequence[Any]) -> None:
+        """Take one consumed message's records (already decoded and validated)."""
+        self.positions[(topic, self.partition)] = offset + 1
+        floor = self.progress.get(topic, -1) - self.lateness_ms
+        held = self._held
+        first = None
+        node_events = topic == Topic.NODE_EVENTS
+        for r in records:
+            item = (r.ts if r.ts >= floor else floor, topic, r)
+            if held and self._in_order and (item[0], topic) < (held[-1][0], held[-1][1]):
+                self._in_order = False
+            held.append(item)
+            if node_events and r.event in _SERVICE_EVENTS:
+                changes = self._service.setdefault(r.node, [])
+                bisect.insort(changes, (item[0], r.event in UNAVAILABLE_EVENTS), key=lambda c: c[0])
+            first = item[0] if first is None else min(first, item[0])
+            if r.ts > self.progress.get(topic, -1):
+                self.progress[topic] = r.ts
+        if first is not None and not self._closed_any:
+            # the first boundary follows the earliest record read before it closes, whichever log
+            # was read first (a sparse log's later record must not make the partition skip one)
+            boundary = -(-first // self.period_ms) * self.period_ms
+            self.next_boundary = boundary if self.next_boundary is None else min(self.next_boundary, boundary)
+
+    @property
+    def held(self) -> int:
+        """Records read but not yet applied to the engine (their boundary is still open)."""
+        return len(self._held)
+
+    # ---- the clock -----------------------------------------------------------------------
+    def apply(self, until: int) -> None:
+        """Apply every held record whose (effective) time is ``<= until`` to the engine.
+
+        Records go in time order, one engine update per tick, so a long stretch never makes the
+        engine drop a batch's own early records. The engine answers ``features_at(T)`` from the
+        complete ticks before ``T`` only, so records applied beyond ``T`` (but before the next
+        boundary) do not change it: applying eagerly spreads the work without changing a score.
+        """
+        # (time, topic) then log order: ties never depend on how fetches of two logs interleaved
+        if not self._in_order:
+            self._held.sort(key=lambda item: (item[0], item[1]))
+            self._in_order = True
+        cut = bisect.bisect_right(self._held, until, key=lambda item: item[0])
+        apply_by_tick(self.engine, self._held[:cut], self.tick_ms)
+        del self._held[:cut]
+
+    def away_at(self, t: int) -> set[str]:
+        """Nodes out of service at ``t``: their last change of service at or before ``t`` took them
+        out. Boundaries only grow, so the changes before that last one are dropped here."""
+        away = set()
+        for node, changes in self._service.items():
+            last = bisect.bisect_right(changes, t, key=lambda c: c[0]) - 1
+            if last >= 0:
+                del changes[:last]
+                if changes[0][1]:
+                    away.add(node)
+        return away
+
+    def skip_idle(self, seen_until: int, horizon: int) -> None:
+        """Called after a boundary at which the engine had no live node: move the next boundary
+        past the boundaries that would be empty too, to the first that applies a held record (or
+        ``horizon``, the first boundary at or after the scoring limit, if earlier).
+
+        Exact: when every record the engine holds lies before ``seen_until`` (the time features were
+        read at), a later boundary's windows hold a subset of what this one's held, so no node is
+        live there either, until a held record is applied. The scores are therefore those of
+        closing each boundary in turn, which could take ~10^11 steps after a first record stamped
+        in 1970 (nothing precedes a log's first record to show that it is late).
+        """
+        if self.next_boundary is None or getattr(self.engine, "watermark_ms", seen_until) >= seen_until:
+            return
+        first = min((eff for eff, _, _ in self._held), default=None)
+        target = horizon if first is None else min(horizon, -(-first // self.period_ms) * self.period_ms)
+        if target > self.next_boundary:
+            self.next_boundary = target
+
+    def close(self, boundary: int) -> None:
+        """Make the engine hold every record ``<= boundary``; the caller reads its features at
+        ``boundary`` right after. The next boundary follows one period later."""
+        self.apply(boundary)
+        self.next_boundary = boundary + self.period_ms
+        self._closed_any = True
+
+    # ---- checkpoint form -----------------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        """Everything but the engine, as msgpack-ready data."""
+        groups: dict[tuple[str, int], list[Any]] = defaultdict(list)
+        for eff, topic, r in self._held:
+            groups[(topic, eff)].append(r)
+        return {
+            "partition": self.partition,
+            "period_ms": self.period_ms,
+            "positions": [[t, p, off] for (t, p), off in sorted(self.positions.items())],
+            "progress": dict(self.progress),
+            "next_boundary": self.next_boundary,
+            "closed_any": self._closed_any,
+            "service": [[node, [list(c) for c in changes]] for node, changes in self._service.items()],
+            "held": [[topic, eff, encode(rs)] for (topic, eff), rs in groups.items()],
+        }
+
+    @classmethod
+    def restore(cls, engine: OnlineEngine, meta: Mapping[str, Any], period_ms: int,
+                lateness_ms: int = 0, tick_ms: int = 60_000) -> PartitionState:
+        """Rebuild from a checkpoint's engine and :meth:`meta` (the period must not have changed)."""
+        if meta["period_ms"] != period_ms:
+            raise ValueError(f"checkpoint was scored every {meta['period_ms']} ms, not {period_ms} ms")
+        state = cls(int(meta["partition"]), engine, period_ms, lateness_ms, tick_ms)
+        state.positions = {(t, int(p)): int(off) for t, p, off in meta["positions"]}
+        state.progress = {t: int(v) for t, v in meta["progress"].items()}
+        state.next_boundary = meta["next_boundary"]
+        state._closed_any = bool(meta.get("closed_any", True))  # older checkpoints: the boundary stays
+        # checkpoints written before nodes' service was kept hold none: every node in service
+        state._service = {node: [(int(ts), bool(out)) for ts, out in changes]
+                          for node, changes in meta.get("service", ())}
+        for topic, eff, data in meta["held"]:
+            if topic not in RECORD_TYPES:
+                raise ValueError(f"checkpoint holds records of unknown topic {topic!r}")
+            state._held.extend((int(eff), topic, r) for r in decode(topic, data))
+        state._in_order = False
+        return state

@@ -1,0 +1,407 @@
+"""The online risk service: consume telemetry, keep features current, score, publish, checkpoint.
+
+One loop, one thread (:meth:`RiskService.run`); the HTTP API only reads what it publishes.
+
+    poll a micro-batch ─► hold each record in its partition's state (dead letters go out: what
+           does not decode, and what is dated implausibly, see foreshock.predictor.partition.time_anomaly)
+        ─► close every event-time boundary that is due: apply the held records <= T to the
+           partition's feature engine, read the features at T   (see foreshock.predictor.partition)
+        ─► score every (node, T) row of the cycle in one batched model call
+        ─► publish RiskScore records to risk.scores, update the board and the metrics
+        ─► checkpoints, spread over the period: every period / (partitions owned), flush the bus
+           (scores and dead letters durable), write the checkpoint (engine + offsets + held
+           records) of the changed partition saved longest ago, then commit its offsets.
+
+State is per partition number; after a rebalance (another process joined or died) or a restart,
+each newly owned partition is restored from its checkpoint and its logs are sought to the
+checkpointed offsets before any record is read, so replay reproduces the same scores.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pandas as pd
+
+from foreshock.ingest.bus import Bus, Message
+from foreshock.ingest.contract import TELEMETRY_TOPICS, RiskScore
+from foreshock.ingest.stream import RecordStream, now_ms, publish
+from foreshock.models.artifact import RiskModel
+from foreshock.predictor.checkpoint import CheckpointStore
+from foreshock.predictor.metrics import ServiceMetrics
+from foreshock.predictor.model_source import ModelSource, check_model
+from foreshock.predictor.partition import OnlineEngine, PartitionState, apply_by_tick, time_anomaly, watermark
+from foreshock.predictor.scoring import RiskBoard, score_frame
+
+__all__ = ["ServiceConfig", "EngineFactory", "RiskService", "NotReady"]
+
+log = logging.getLogger(__name__)
+
+
+class NotReady(RuntimeError):
+    """The service cannot answer yet (no model loaded); the message says why."""
+
+
+class EngineFactory(Protocol):
+    """Makes and restores online feature engines of one feature set.
+
+    ``finish(frame)`` completes the rows of one tick gathered from several engines (one per
+    partition): cross-node features such as peer z-scores must be computed over all of them.
+    ``tick_ms``: features change only at multiples of it (the engine's bucket).
+    ``tolerance_ms``: the engines' allowance for records out of order; a record further behind
+    its log than lateness plus this cannot be placed and is dead-lettered.
+    """
+
+    feature_set_hash: str
+    tick_ms: int
+    tolerance_ms: int
+
+    def new(self) -> OnlineEngine: ...
+
+    def load(self, path: Path) -> OnlineEngine: ...
+
+    def finish(self, frame: pd.DataFrame) -> pd.DataFrame: ...
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Knobs of the loop. Periods are event time (scoring) or wall time (checkpoint, reload)."""
+
+    group: str = "foreshock-predictor"
+    topics: tuple[str, ...] = TELEMETRY_TOPICS
+    score_every_ms: int = 10_000
+    lateness_ms: int = 0
+    checkpoint_every_s: float = 30.0  # per partition; a crash replays at most this much of the logs
+    reload_every_s: float = 30.0
+    poll_timeout_s: float = 0.1
+    max_records: int = 5_000
+    max_rows_per_cycle: int = 100_000
+    apply_batch: int = 8_192  # held records of a partition that make it worth an engine update early
+    top_k: int = 5
+    history: int = 60
+    ready_lag: int = 0  # messages behind the topics at most, once, before the first "ready"
+    max_lag: int = 10_000  # messages behind the topics beyond which a ready service is no longer ready
+    future_tolerance_ms: int = 300_000  # how far after its receipt a record may be dated
+
+    def __post_init__(self) -> None:
+        if self.score_every_ms <= 0 or self.lateness_ms < 0 or self.checkpoint_every_s <= 0:
+            raise ValueError("score_every must be > 0, lateness >= 0 and checkpoint_every > 0")
+        if self.future_tolerance_ms < 0 or self.max_lag < 0:
+            raise ValueError("future_tolerance and max_lag must be >= 0")
+
+
+class RiskService:
+    """Scores every node of the partitions it owns; see the module docstring for the loop.
+
+    ``checkpoints=None`` keeps state in memory only (the embedded demo on the in-memory bus).
+    """
+
+    def __init__(self, bus: Bus, engines: EngineFactory, models: ModelSource, *,
+                 config: ServiceConfig = ServiceConfig(), checkpoints: CheckpointStore | None = None,
+                 metrics: ServiceMetrics | None = None, clock: Callable[[], int] = now_ms,
+                 wall: Callable[[], float] = time.monotonic):
+        self.bus = bus
+        self.engines = engines
+        self.models = models
+        self.config = config
+        self.checkpoints = checkpoints
+        self.metrics = metrics or ServiceMetrics()
+        self.clock = clock
+        self.wall = wall
+        self.board = RiskBoard(config.history)
+        self.model: RiskModel | None = None
+        self.error: BaseException | None = None
+        self._states: dict[int, PartitionState] = {}
+        self._dirty: set[int] = set()
+        self._saved_at: dict[int, float] = {}  # wall time of each partition's last checkpoint
+        self._stream: RecordStream | None = None
+        self._assigned: set[tuple[str, int]] | None = None
+        self._caught_up = False
+        self.lag_records: int | None = None
+        self._last_checkpoint = self._last_reload = 0.0
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def start(self) -> RiskService:
+        """Load and check the model (raises ``ModelMismatchError``), then join the group."""
+        self._install(self.models.load())
+        consumer = self.bus.consumer(self.config.group, list(self.config.topics), on_assign=self._on_assign)
+        self._stream = RecordStream(self.bus, consumer, clock=self.clock)
+        self._last_checkpoint = self._last_reload = self.wall()
+        return self
+
+    def run(self, stop: threading.Event) -> None:
+        """Loop until ``stop`` is set; then checkpoint, commit and leave the group."""
+        if self._stream is None:
+            self.start()
+        try:
+            while not stop.is_set():
+                self.run_once()
+        except BaseException as exc:
+            self.error = exc
+            log.exception("risk service loop stopped")
+            raise
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Checkpoint what is owned and leave the group (partitions move to other members)."""
+        if self._stream is None:
+            return
+        if self.error is None:
+            self.checkpoint()
+        self._stream.close()
+        self._stream = None
+
+    # ---- one cycle -----------------------------------------------------------------------
+    def run_once(self) -> list[RiskScore]:
+        """Poll, hold, close due boundaries, score, publish; checkpoint and reload when due."""
+        assert self._stream is not None, "start() first"
+        dead_before = self._stream.dead_letters
+        taken: dict[str, int] = {}
+        polled = self._stream.poll(self.config.poll_timeout_s, self.config.max_records)
+        receipt = self.clock()
+        future_ms = self.config.future_tolerance_ms
+        past_ms = self.config.lateness_ms + self.engines.tolerance_ms
+        for d in polled:
+            m = d.message
+            state = self._states.get(m.partition)
+            if state is None:
+                continue
+            records = d.records
+            why = time_anomaly(state, m.topic, records, receipt, future_ms=future_ms, past_ms=past_ms)
+            if why is not None:
+                self._stream.dead_letter(m, why)
+                records = []  # its offset is still taken: the commit passes it
+            state.add(m.topic, m.offset, records)
+            self._dirty.add(m.partition)
+            taken[m.topic] = taken.get(m.topic, 0) + len(records)
+        for topic, n in taken.items():  # one metric update per topic and poll, not per message
+            self.metrics.records.labels(topic=topic).inc(n)
+        self.metrics.dead_letters.inc(self._stream.dead_letters - dead_before)
+        lag = self._lag()
+        scores = self._score_due(lag)
+        now = self.wall()
+        if now - self._last_checkpoint >= self.config.checkpoint_every_s / max(1, len(self._states)):
+            self._last_checkpoint = now
+            changed = self._dirty & set(self._states)
+            if changed:  # the one saved longest ago
+                self.checkpoint([min(changed, key=lambda p: self._saved_at.get(p, 0.0))])
+        if now - self._last_reload >= self.config.reload_every_s:
+            self.reload_model()
+        return scores
+
+    def _lag(self) -> dict[tuple[str, int], int | None]:
+        lag_of = getattr(self._stream.consumer, "lag", None) if self._stream else None
+        lag: dict[tuple[str, int], int | None] = lag_of() if lag_of else {}
+        known = [v for v in lag.values() if v is not None]
+        self.lag_records = sum(known) if len(known) == len(lag) else None
+        self.metrics.lag.set(sum(known))
+        self.metrics.held.set(sum(s.held for s in self._states.values()))
+        if (not self._caught_up and self._assigned is not None and len(known) == len(lag)
+                and sum(known) <= self.config.ready_lag):
+            self._caught_up = True
+        self.metrics.ready.set(1 if self.readiness()[0] else 0)
+        return lag
+
+    def _score_due(self, lag: dict[tuple[str, int], int | None]) -> list[RiskScore]:
+        started = time.perf_counter()
+        mark = watermark(self._states.values(), self.config.topics, lag)
+        if mark is None:
+            return []
+        limit = mark - self.config.lateness_ms  # every record up to here has been read
+        frames: list[pd.DataFrame] = []
+        rows = 0
+        while True:
+            if rows >= self.config.max_rows_per_cycle:
+                break
+            pending = [s.next_boundary for s in self._states.values() if s.next_boundary is not None]
+            boundary = min(pending, default=None)
+            if boundary is None or limit <= boundary:
+                for state in self._states.values():  # spread the engine work between boundaries
+                    if state.held >= self.config.apply_batch:
+                        state.apply(limit)
+                break
+            # the engine answers at ticks from the buckets before them: asking at the tick after the
+            # boundary reads the current, partial bucket too, which holds exactly the records <= boundary
+            as_of = -(-boundary // self.engines.tick_ms) * self.engines.tick_ms
+            horizon = -(-limit // self.config.score_every_ms) * self.config.score_every_ms
+            tick = []
+            for p, state in sorted(self._states.items()):
+                if state.next_boundary == boundary:
+                    state.close(boundary)
+                    self._dirty.add(p)
+                    rows_of_p = state.engine.features_at(as_of, peers=False)  # finish() compares all
+                    if not len(rows_of_p):
+                        state.skip_idle(as_of, horizon)
+                    tick.append(rows_of_p)
+            frame = self.engines.finish(pd.concat(tick, ignore_index=True))  # peers: every node
+            away = set().union(*(s.away_at(boundary) for s in self._states.values()))
+            if away:
+                frame = frame[~frame["node"].isin(away)].reset_index(drop=True)
+            frame["ts"] = boundary
+            if len(frame):
+                frames.append(frame)
+                rows += len(frame)
+        if not frames:
+            return []
+        assert self.model is not None
+        scores = score_frame(self.model, pd.concat(frames, ignore_index=True), self.config.top_k)
+        publish(self.bus, scores)
+        self.board.record(scores)
+        self.metrics.scoring.observe(time.perf_counter() - started)
+        self.metrics.scores.inc(len(scores))
+        self.metrics.delay.observe(max(0.0, (self.clock() - max(s.ts for s in scores)) / 1000))
+        scored, alerts = self.board.counts()
+        self.metrics.nodes.set(scored)
+        self.metrics.alerts.set(alerts)
+        return scores
+
+    # ---- durability ----------------------------------------------------------------------
+    def checkpoint(self, partitions: Sequence[int] | None = None) -> None:
+        """Make published scores and dead letters durable, then the state of the changed partitions
+        among ``partitions`` (default: all), then commit their offsets (a crash between two steps
+        replays, it never loses).
+
+        The loop saves one partition at a time: an engine's state is large (its 24 h windows at
+        one-minute resolution, plus the records of its open buckets), and writing every
+        partition at once stalled scoring for seconds.
+        """
+        started = time.perf_counter()
+        self.bus.flush()
+        chosen = self._dirty if partitions is None else self._dirty & set(partitions)
+        dirty = sorted(p for p in chosen if p in self._states)
+        if self.checkpoints is not None:
+            for p in dirty:
+                state = self._states[p]
+                meta = state.meta()
+                meta["board"] = self.board.export(state.engine.nodes())
+                self.checkpoints.save(p, state.engine, meta)
+                self._saved_at[p] = self.wall()
+        self._dirty.difference_update(dirty)
+        done = [Message(t, p, off - 1, None, b"") for p in dirty
+                for (t, p), off in self._states[p].positions.items() if off > 0]
+        if done and self._stream is not None:
+            try:
+                self._stream.consumer.commit(done)
+            except Exception as exc:  # a rebalance in flight: the checkpoint holds the offsets
+                log.warning("offset commit failed (%s); the checkpoint keeps the positions", exc)
+        self.metrics.checkpoint.observe(time.perf_counter() - started)
+
+    def _on_assign(self, assigned: set[tuple[str, int]]) -> None:
+        """Rebalance: drop lost partitions, restore gained ones, seek every log to its position."""
+        topics = set(self.config.topics)
+        owned = {p for t, p in assigned if t in topics}
+        for p in sorted(set(self._states) - owned):
+            self.board.forget(self._states.pop(p).engine.nodes())
+            self._dirty.discard(p)
+            self._saved_at.pop(p, None)
+        for p in sorted(owned - set(self._states)):
+            self._states[p] = self._restore(p)
+        positions = {tp: off for p in owned for tp, off in self._states[p].positions.items()
+                     if tp in assigned}
+        seek = getattr(self._stream.consumer if self._stream else None, "seek", None)
+        if positions and seek is not None:
+            seek(positions)
+        self._assigned = set(assigned)
+        self.metrics.partitions.set(len(owned))
+        log.info("assigned partitions %s", sorted(owned))
+
+    def _restore(self, p: int) -> PartitionState:
+        cfg, tick = self.config, self.engines.tick_ms
+        saved = self.checkpoints.load(p) if self.checkpoints is not None else None
+        if saved is None:
+            return PartitionState(p, self.engines.new(), cfg.score_every_ms, cfg.lateness_ms, tick)
+        engine, meta = saved
+        self.board.restore(meta.get("board", []))
+        return PartitionState.restore(engine, meta, cfg.score_every_ms, cfg.lateness_ms, tick)
+
+    # ---- model ---------------------------------------------------------------------------
+    def _install(self, model: RiskModel) -> None:
+        self.model = check_model(model, self.engines.feature_set_hash)
+        self.metrics.set_model(model.version, model.feature_set_hash)
+        self.metrics.reloads.labels(result="loaded").inc()
+        log.info("serving model %s (feature set %s)", model.version, model.feature_set_hash)
+
+    def reload_model(self) -> bool:
+        """Load the source's model if its version moved; keep the old one if the new one is refused."""
+        self._last_reload = self.wall()
+        try:
+            version = self.models.version()
+            if version is None or (self.model is not None and version == self.model.version):
+                return False
+            self._install(self.models.load())
+            return True
+        except Exception as exc:
+            result = "refused" if isinstance(exc, ValueError) else "failed"
+            self.metrics.reloads.labels(result=result).inc()
+            log.error("model reload %s; still serving %s: %s", result,
+                      self.model.version if self.model else None, exc)
+            return False
+
+    # ---- what the API asks ---------------------------------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason): ready while a model is loaded, the consumer has caught up once (lag at
+        most ``ready_lag``), a broker is reachable and the consumer is at most ``max_lag`` messages
+        behind its topics.
+
+        Why the last two: scores go stale both while no broker answers and while the service is far
+        behind (it scores event time, so it then publishes old boundaries): a load balancer or an
+        operator must not take either for a working service. Called from the API's thread; every
+        check reads state the loop keeps current, or asks the consumer without blocking.
+        """
+        if self.model is None:
+            return False, "no model loaded"
+        if self.error is not None:
+            return False, f"service loop stopped: {self.error!r}"
+        if self._assigned is None:
+            return False, "waiting for a partition assignment from the consumer group"
+        if not self._caught_up:
+            return False, "consumer has not caught up with the telemetry topics yet"
+        stream = self._stream
+        reachable = getattr(stream.consumer, "reachable", None) if stream is not None else None
+        if reachable is not None and not reachable():
+            return False, "broker unreachable: the consumer has no connection to any Kafka broker"
+        lag = self.lag_records
+        if lag is not None and lag > self.config.max_lag:
+            bound = self.config.max_lag
+            return False, f"consumer is {lag:,} messages behind its topics (ready at {bound:,} or fewer)"
+        return True, "ready"
+
+    def score_rows(self, frame: pd.DataFrame) -> list[RiskScore]:
+        """Score feature rows given by a caller (columns: the model's features; node, ts optional)."""
+        model = self._model_or_raise()
+        frame = frame.copy()
+        if "node" not in frame:
+            frame["node"] = [f"row{i}" for i in range(len(frame))]
+        if "ts" not in frame:
+            frame["ts"] = self.clock()
+        return score_frame(model, frame, self.config.top_k)
+
+    def score_telemetry(self, records: Sequence[Any], at: int | None = None) -> list[RiskScore]:
+        """Score every live node of a window of raw telemetry at time ``at`` (default: the tick
+        after its last record), as a fresh engine fed only this window sees it."""
+        model = self._model_or_raise()
+        if not records:
+            return []
+        engine = self.engines.new()
+        apply_by_tick(engine, sorted(((r.ts, None, r) for r in records), key=lambda item: item[0]),
+                      self.engines.tick_ms)
+        if at is None:  # just after the tick that completes the last record's bucket
+            tick = self.engines.tick_ms
+            at = (max(r.ts for r in records) // tick + 1) * tick
+        return score_frame(model, self.engines.finish(engine.features_at(at, peers=False)), self.config.top_k)
+
+    def _model_or_raise(self) -> RiskModel:
+        if self.model is None:
+            raise NotReady("no model loaded")
+        return self.model
+
+    def owned_partitions(self) -> list[int]:
+        """Partition numbers whose nodes this process scores."""
+        return sorted(self._states)
