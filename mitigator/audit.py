@@ -30,7 +30,9 @@ __all__ = ["AuditLog", "AuditUnavailable", "RETRYING", "OPEN_STATUSES", "is_open
 
 RETRYING = "; will retry"
 """Ends the reason of a failed attempt that is not the last: the action is still open."""
-OPEN_STATUSES = frozenset({"planned", "started", "partial"})
+OPEN_STATUSES = frozenset({"planned", "started", "partial", "abandoned"})
+"""Last rows of an action that has not ended. ``abandoned`` is one: a cold start writes it and then
+resumes the action, so a crash right after it must leave the action open for the next start."""
 
 
 def is_open(last: MitigationEvent) -> bool:

@@ -125,6 +125,28 @@ def test_an_action_cut_off_by_a_crash_is_closed_as_abandoned_and_resumed(tmp_pat
     assert up.calls == [("n1", True)] and second.engine.state("n1") is NodeState.DRAINED
 
 
+def test_two_crashes_in_a_row_still_resume_the_action_and_strand_no_node(tmp_path):
+    down = FaultyScheduler(SchedulerError("slurmctld not responding"))
+    first = build(tmp_path, scheduler=down)
+    feed(first, storm(["n1"]))
+    [drain_id] = {e.action_id for e in first.executor.audit.events() if e.action == "drain"}
+    first.executor.audit.close()  # crash 1: the drain is open (failed, will retry)
+    second = build(tmp_path, scheduler=down, clock=first.engine.clock)
+    assert [a.action_id for a in second.cold_start.resumed] == [drain_id]
+    assert [e.status for e in second.executor.audit.events(drain_id)][-1] == "abandoned"
+    second.executor.audit.close()  # crash 2: after the abandoned row, before the resumed attempt's first row
+    up = RecordingScheduler()
+    third = build(tmp_path, scheduler=up, clock=first.engine.clock)
+    assert [a.action_id for a in third.cold_start.resumed] == [drain_id]
+    assert [(o.action.action_id, o.status) for o in wait_out(third, 1)] == [(drain_id, "succeeded")]
+    trail = [e.status for e in third.executor.audit.events(drain_id)]
+    assert trail[-4:] == ["abandoned", "abandoned", "started", "succeeded"]
+    assert up.calls == [("n1", True)] and third.engine.state("n1") is NodeState.DRAINED
+    outcomes = feed(third, [NodeEvent(node="n1", ts=T0 + 30 * MIN, event="repaired")])
+    assert [(o.action.kind, o.status) for o in outcomes] == [("undrain", "succeeded")]
+    assert third.engine.state("n1") is NodeState.HEALTHY and not third.engine.views["n1"].draining
+
+
 def test_the_scheduler_state_wins_over_a_lost_audit_log(tmp_path):
     sched = RecordingScheduler()
     sched.drained = {"n4"}  # drained with Foreshock's mark by an earlier mitigator whose log is gone
