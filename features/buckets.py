@@ -37,6 +37,7 @@ __all__ = [
     "Carry",
     "PartialBuckets",
     "bucketize",
+    "counter_increases",
     "gpu_columns",
     "gpu_counters",
     "link_columns",
@@ -120,6 +121,19 @@ class _Runs:
         start = np.r_[True, (gn[1:] != gn[:-1]) | (gm[1:] != gm[:-1])]
         group_start = np.maximum.accumulate(np.where(start, np.arange(len(order)), 0))
         return cls(order, gn, gm, start, group_start, np.flatnonzero(np.r_[start[1:], True]))
+
+
+def counter_increases(
+    vals: np.ndarray, node: np.ndarray, member: np.ndarray, carry: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Reset-aware increases (see the module docstring) of counters ``vals`` (counters, rows) of
+    samples in ts order, per (``node``, ``member``) (small non-negative ints: node codes, GPU or
+    port index). ``carry`` (nodes, members, counters) holds each member's last present value,
+    NaN = never seen; returns the increases and the carry, grown to fit and updated."""
+    if not len(node):
+        return np.zeros(vals.shape), carry
+    carry = _grow(carry, int(node.max()) + 1, int(member.max()) + 1, vals.shape[0])
+    return _increases(vals, _Runs.of(node, member), carry), carry
 
 
 def _increases(vals: np.ndarray, runs: _Runs, carry: np.ndarray) -> np.ndarray:

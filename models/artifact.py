@@ -74,6 +74,8 @@ class RiskModel:
             raise ValueError("the linear prior's features differ from feature_names")
         if calibration[0] <= 0:
             raise ValueError("calibration slope must be positive (a monotone map)")
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold {threshold} is not a probability")
         self.booster = booster
         self.feature_names = list(feature_names)
         self.feature_set_hash = feature_set_hash
@@ -144,6 +146,14 @@ class RiskModel:
                 row.append((self.feature_names[j], value, float(contrib[i, j])))
             out.append(row)
         return out
+
+    def with_threshold(self, threshold: float, baselines: dict[str, Any] | None = None) -> RiskModel:
+        """The same model alerting at ``threshold`` (and with ``baselines`` when given), validated
+        as any new model is."""
+        meta = {**self.metadata(), "threshold": threshold}
+        if baselines is not None:
+            meta["baselines"] = baselines
+        return RiskModel.from_parts(self.booster, meta)
 
     # ---- persistence ---------------------------------------------------------------------
     def metadata(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from foreshock.features.buckets import counter_increases
 from foreshock.ingest.dataset import part_paths
 
 __all__ = ["CRITICAL_XIDS", "RULE_COLUMNS", "rule_inputs", "rule_scores", "LogisticBaseline"]
@@ -68,64 +69,36 @@ def _bucket(ts: np.ndarray, cadence_ms: int) -> np.ndarray:
 
 
 def _gpu_increments(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
-    """Per (node, bucket): reset-aware increases of uncorrectable and SBE counters, summed over GPUs.
+    """Per (node, bucket): increases of the uncorrectable and SBE counters, summed over GPUs.
 
-    Reads the GPU table part by part (never all of it at once) and carries each GPU's last
-    counter value across parts. A drop is a reset (the new value is the increase); a GPU's first
-    reading is no increase; a missing reading neither adds nor moves the baseline.
-    """
+    Reads the GPU table part by part (never all of it at once); the increases follow the feature
+    engines' rule (:func:`foreshock.features.buckets.counter_increases`), each GPU's last value
+    carried across parts."""
+    counters = (*UNCORRECTABLE_COUNTERS, SBE_COUNTER)
     node_ids: dict[str, int] = {}
     out: list[pd.DataFrame] = []
-    carry_keys = np.empty(0, dtype=np.int64)
-    carry_vals = np.empty((0, 2))
+    carry = np.empty((0, 0, len(counters)))
     for path in part_paths(data_dir, "gpu"):
-        present = set(pq.read_schema(path).names)
-        groups = [
-            [c for c in UNCORRECTABLE_COUNTERS if c in present],
-            [SBE_COUNTER] if SBE_COUNTER in present else [],
-        ]
-        if not any(groups):
+        present = [c for c in counters if c in set(pq.read_schema(path).names)]
+        if not present:
             continue
-        df = pq.read_table(path, columns=["node", "ts", "gpu", *groups[0], *groups[1]]).to_pandas()
+        df = pq.read_table(path, columns=["node", "ts", "gpu", *present]).to_pandas()
+        df = df.iloc[np.argsort(df["ts"].to_numpy(dtype=np.int64), kind="stable")]
         codes, uniques = pd.factorize(df["node"].astype(str))
         ids = np.array([node_ids.setdefault(u, len(node_ids)) for u in uniques], dtype=np.int64)
-        key = ids[codes] * 4096 + df["gpu"].to_numpy(dtype=np.int64)
-        ts = df["ts"].to_numpy(dtype=np.int64)
-        vals = np.column_stack(
-            [
-                df[g].astype("float64").sum(axis=1, min_count=1).to_numpy() if g else np.full(len(df), np.nan)
-                for g in groups
-            ]
+        node = ids[codes]
+        vals = np.stack(
+            [df[c].to_numpy(dtype="float64", na_value=np.nan) if c in present else np.full(len(df), np.nan)
+             for c in counters]
         )
-        order = np.lexsort((ts, key))
-        key, ts, vals = key[order], ts[order], vals[order]
-        inc = np.zeros_like(vals)
-        for j in range(vals.shape[1]):
-            v = pd.Series(vals[:, j]).groupby(key).ffill().to_numpy()  # last known value per GPU
-            prev = np.empty_like(v)
-            prev[1:] = v[:-1]
-            first = np.ones(len(key), dtype=bool)
-            first[1:] = key[1:] != key[:-1]
-            prev[first] = np.nan
-            if len(carry_keys):
-                pos = np.minimum(np.searchsorted(carry_keys, key[first]), len(carry_keys) - 1)
-                found = carry_keys[pos] == key[first]
-                prev[first] = np.where(found, carry_vals[pos, j], np.nan)
-            diff = vals[:, j] - prev
-            inc[:, j] = np.nan_to_num(np.where(diff >= 0, diff, np.where(np.isnan(prev), 0.0, vals[:, j])))
-            vals[:, j] = v
-        last = np.ones(len(key), dtype=bool)
-        last[:-1] = key[1:] != key[:-1]
-        known = pd.DataFrame(carry_vals, index=carry_keys)
-        merged = pd.DataFrame(vals[last], index=key[last]).combine_first(known).sort_index()
-        carry_keys, carry_vals = merged.index.to_numpy(dtype=np.int64), merged.to_numpy()
+        inc, carry = counter_increases(vals, node, df["gpu"].to_numpy(dtype=np.int64), carry)
         out.append(
             pd.DataFrame(
                 {
-                    "nid": key // 4096,
-                    "ts": _bucket(ts, cadence_ms),
-                    "uncorrectable": inc[:, 0],
-                    "sbe": inc[:, 1],
+                    "nid": node,
+                    "ts": _bucket(df["ts"].to_numpy(dtype=np.int64), cadence_ms),
+                    "uncorrectable": inc[: len(UNCORRECTABLE_COUNTERS)].sum(axis=0),
+                    "sbe": inc[-1],
                 }
             )
             .groupby(["nid", "ts"], as_index=False)

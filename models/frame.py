@@ -19,7 +19,7 @@ from foreshock.ingest.dataset import read_events, read_manifest
 from foreshock.models.baselines import rule_inputs
 from foreshock.models.labels import label_rows
 
-__all__ = ["LabelledData", "build_labelled", "combined_fingerprint", "dataset_fingerprint", "names_hash"]
+__all__ = ["LabelledData", "build_labelled", "combined_fingerprint", "dataset_fingerprint"]
 
 
 @dataclass
@@ -53,9 +53,17 @@ def combined_fingerprint(fingerprints: list[str]) -> str:
     return hashlib.sha256(";".join(fingerprints).encode()).hexdigest()[:16]
 
 
-def names_hash(names: list[str]) -> str:
-    """A stand-in feature-set hash for frames built without a feature set (tests, notebooks)."""
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+def feature_set_identity(features: pd.DataFrame, feature_set: Any = None) -> str:
+    """The hash of the feature set ``features`` was computed with: ``feature_set.hash``, or the
+    table's own ``attrs["feature_set_hash"]`` (a table built outside a :class:`FeatureSet`, as
+    the tests' synthetic columns, names its identity there). A table of unknown identity is an
+    error: a model must never record a hash its features do not have."""
+    if feature_set is not None:
+        return str(feature_set.hash)
+    if "feature_set_hash" in features.attrs:
+        return str(features.attrs["feature_set_hash"])
+    raise ValueError("features given without their feature set: pass feature_set, or name the table's "
+                     "identity in features.attrs['feature_set_hash']")
 
 
 def build_labelled(
@@ -91,7 +99,7 @@ def build_labelled(
         names, fs_hash = list(feature_set.names), str(feature_set.hash)
     else:
         names = [c for c in features.columns if c not in ("node", "ts")]
-        fs_hash = str(feature_set.hash) if feature_set is not None else names_hash(names)
+        fs_hash = feature_set_identity(features, feature_set)
     rows = pd.DataFrame(features[names].to_numpy(dtype=np.float32, na_value=np.nan), columns=names)
     rows.insert(0, "node", features["node"].astype(str).to_numpy())
     rows.insert(1, "ts", features["ts"].to_numpy(dtype=np.int64))

@@ -118,7 +118,6 @@ def log_and_register(
     params: dict[str, Any],
     metrics: dict[str, float],
     dataset_fingerprint: str,
-    artifacts: list[Path],
     score_on_test: Callable[[RiskModel], float],
     run_name: str | None = None,
 ) -> Registration:
@@ -139,8 +138,6 @@ def log_and_register(
         mlflow.log_params({**params, **identity})
         mlflow.set_tags(identity)
         mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and v == v})
-        for path in artifacts:
-            mlflow.log_artifact(str(path))
         info = mlflow.lightgbm.log_model(
             model.booster,
             name="model",
@@ -161,6 +158,13 @@ def log_and_register(
         client.set_registered_model_alias(MODEL_NAME, CHAMPION_ALIAS, str(mv.version))
     client.set_model_version_tag(MODEL_NAME, str(mv.version), "test_pr_auc", f"{challenger:.6f}")
     return Registration(run.info.run_id, str(mv.version), promoted, challenger, champion_score, previous)
+
+
+def log_artifacts(tracking_uri: str, run_id: str, paths: list[Path]) -> None:
+    """Attach files written after registration (the report, metrics and plots) to the run."""
+    client = _client(tracking_uri)
+    for path in paths:
+        client.log_artifact(run_id, str(path))
 
 
 def _lightgbm_version() -> str:

@@ -52,6 +52,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,11 @@ __all__ = [
     "CENSOR_MS",
     "train_from_dataset",
     "train_on",
+    "fit",
+    "Fitted",
+    "score_parts",
+    "training_metrics",
+    "model_card",
     "censor_before_failures",
     "fit_booster",
     "fit_with_prior",
@@ -344,6 +350,156 @@ def censor_before_failures(frame: pd.DataFrame, censor_ms: int) -> pd.DataFrame:
     return frame.loc[~ambiguous]
 
 
+@dataclass(frozen=True)
+class Fitted:
+    """What :func:`fit` produced: the complete model and what the metrics report about the fit."""
+
+    model: RiskModel
+    logistic: LogisticBaseline
+    thresholds: dict[str, float]  # per predictor, each spending the same budget on validation
+    candidates: dict[float, dict[str, float]]  # per prior weight: validation pr_auc and Platt map
+    params: dict[str, Any]  # the LightGBM parameters used
+    train_rows_used: int
+
+
+def fit(
+    data: LabelledData,
+    train: pd.DataFrame,
+    val: pd.DataFrame,
+    *,
+    budget_per_1000_node_days: float = 1.0,
+    params: dict[str, Any] | None = None,
+    dask_address: str | None = None,
+    negatives_per_positive: float = NEGATIVES_PER_POSITIVE,
+    censor_ms: int = CENSOR_MS,
+    clear_ms: int = ALERT_CLEAR_MS,
+    seed: int = 0,
+    prior_weight: float = PRIOR_WEIGHT,
+) -> Fitted:
+    """Fit the logistic baseline, the trees (with or without the prior), the calibration and
+    every predictor's threshold on the training and validation rows (recipe steps 1-4)."""
+    names = data.feature_names
+    for name, part in (("train", train), ("val", val)):
+        if part["label"].sum() == 0:
+            raise ValueError(f"the {name} period holds no failure: use more nodes or days, or a higher rate")
+    rows = _subsample(censor_before_failures(train, censor_ms), negatives_per_positive, seed)
+    logistic_rows = _subsample(train, LOGISTIC_NEGATIVES_PER_POSITIVE, seed)
+    logistic = LogisticBaseline(names, seed=seed).fit(logistic_rows, logistic_rows["label"].to_numpy())
+    params = {
+        **DEFAULT_PARAMS,
+        "min_child_samples": min_leaf_rows(len(rows)),
+        "monotone_constraints": monotone_directions(names),
+        "random_state": seed,
+        **(params or {}),
+    }
+    booster, weight, candidates = fit_with_prior(
+        rows, val, names, params, logistic, prior_weight, dask_address
+    )
+    kept = candidates[weight]
+    unthresholded = RiskModel(
+        booster,
+        feature_names=names,
+        feature_set_hash=data.feature_set_hash,
+        threshold=1.0,
+        horizon_minutes=data.horizon_ms // 60_000,
+        calibration=(kept["platt_slope"], kept["platt_intercept"]),
+        prior=logistic,
+        prior_weight=weight,
+    )
+    val_rows = EvalRows(val, data.cadence_ms, clear_ms)
+    scorers = {"model": unthresholded.predict_proba, "rules": rule_scores, "logistic": logistic.score}
+    thresholds = {
+        p: val_rows.threshold_for_budget(scorers[p](val_rows.frame), budget_per_1000_node_days)
+        for p in PREDICTORS
+    }
+    baselines = {
+        "rules": {"threshold": thresholds["rules"]},
+        "logistic": {**logistic.to_json(), "threshold": thresholds["logistic"]},
+    }
+    model = unthresholded.with_threshold(thresholds["model"], baselines=baselines)
+    return Fitted(model, logistic, thresholds, candidates, params, len(rows))
+
+
+def score_parts(
+    fitted: Fitted, parts: dict[str, pd.DataFrame], cadence_ms: int, clear_ms: int
+) -> dict[str, tuple[EvalRows, dict]]:
+    """Every predictor's scores on validation, test and the held-out nodes' test rows."""
+    scorers = {"model": fitted.model.predict_proba, "rules": rule_scores, "logistic": fitted.logistic.score}
+    evaluated: dict[str, tuple[EvalRows, dict]] = {}
+    for part in ("test", "val", "test_unseen_nodes"):
+        rows = EvalRows(parts[part], cadence_ms, clear_ms)
+        evaluated[part] = (rows, {p: scorers[p](rows.frame) for p in PREDICTORS})
+    return evaluated
+
+
+def training_metrics(
+    data: LabelledData,
+    fitted: Fitted,
+    evaluated: dict[str, tuple[EvalRows, dict]],
+    split: Any,
+    rows_per_part: dict[str, int],
+    *,
+    budget_per_1000_node_days: float,
+    censor_ms: int,
+    clear_ms: int,
+    distributed: bool,
+) -> dict[str, Any]:
+    """``metrics.json``: each predictor's figures on test (``by_split``: the other parts), and
+    ``_info``: what was trained on and how."""
+    metrics: dict[str, Any] = {}
+    for p in PREDICTORS:
+        per_part = {
+            part: predictor_metrics(rows, scores[p], fitted.thresholds[p])
+            for part, (rows, scores) in evaluated.items()
+            if len(rows.frame)
+        }
+        metrics[p] = {**per_part["test"], "by_split": {k: v for k, v in per_part.items() if k != "test"}}
+    candidates = fitted.candidates
+    metrics["_info"] = {
+        "kind": "train",
+        "feature_set_hash": data.feature_set_hash,
+        "features": len(data.feature_names),
+        "horizon_minutes": data.horizon_ms // 60_000,
+        "cadence_ms": data.cadence_ms,
+        "budget_false_alarms_per_1000_node_days": budget_per_1000_node_days,
+        "dataset": {k: data.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")},
+        "dataset_fingerprint": data.fingerprint,
+        "rows": rows_per_part,
+        "train_rows_used": fitted.train_rows_used,
+        "censor_ms": censor_ms,
+        "alert_clear_ms": clear_ms,
+        "prior_weight": fitted.model.prior_weight,
+        "prior_val_pr_auc": {f"{w:g}": c["pr_auc"] for w, c in candidates.items()},
+        "prior_val_platt_slope": {f"{w:g}": c["platt_slope"] for w, c in candidates.items()},
+        "best_iteration": fitted.model.booster.current_iteration(),
+        "lgb_params": fitted.params,
+        "distributed": distributed,
+        "split": split.describe(),
+    }
+    return metrics
+
+
+def model_card(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The part of ``metrics.json`` a saved model carries: each predictor's test figures and how
+    the model was trained."""
+    card: dict[str, Any] = {
+        p: {k: v for k, v in metrics[p].items() if k not in ("lead_minutes", "by_split")} for p in PREDICTORS
+    }
+    info = metrics["_info"]
+    card["training"] = {
+        k: info[k]
+        for k in (
+            "cadence_ms",
+            "dataset_fingerprint",
+            "budget_false_alarms_per_1000_node_days",
+            "alert_clear_ms",
+            "prior_weight",
+            "best_iteration",
+        )
+    }
+    return card
+
+
 def train_on(
     data: LabelledData,
     *,
@@ -357,100 +513,40 @@ def train_on(
     holdout_fraction: float = 0.15,
     prior_weight: float = PRIOR_WEIGHT,
 ) -> tuple[RiskModel, dict[str, Any], dict[str, tuple[EvalRows, dict]]]:
-    """Train the model and baselines on a labelled frame. Returns the model, the metrics
-    (``metrics.json`` content) and, per evaluated part, its rows and every predictor's scores."""
-    frame, names = data.frame, data.feature_names
+    """Split, :func:`fit`, score every part and assemble the metrics. Returns the model (its
+    ``metrics`` holding :func:`model_card`), the metrics (``metrics.json`` content) and, per
+    evaluated part, its rows and every predictor's scores."""
+    frame = data.frame
     split = make_split(frame, data.horizon_ms, holdout_fraction=holdout_fraction)
     masks = split.masks(frame)
     parts = {name: frame.loc[mask] for name, mask in masks.items()}
-    for name in ("train", "val"):
-        if parts[name]["label"].sum() == 0:
-            raise ValueError(f"the {name} period holds no failure: use more nodes or days, or a higher rate")
-    train = _subsample(censor_before_failures(parts["train"], censor_ms), negatives_per_positive, seed)
-    logistic_rows = _subsample(parts["train"], LOGISTIC_NEGATIVES_PER_POSITIVE, seed)
-    logistic = LogisticBaseline(names, seed=seed).fit(logistic_rows, logistic_rows["label"].to_numpy())
-    params = {
-        **DEFAULT_PARAMS,
-        "min_child_samples": min_leaf_rows(len(train)),
-        "monotone_constraints": monotone_directions(names),
-        "random_state": seed,
-        **(params or {}),
-    }
-    booster, prior_weight, candidates = fit_with_prior(
-        train, parts["val"], names, params, logistic, prior_weight, dask_address
-    )
-
-    val_rows = EvalRows(parts["val"], data.cadence_ms, clear_ms)
-    model = RiskModel(
-        booster,
-        feature_names=names,
-        feature_set_hash=data.feature_set_hash,
-        threshold=1.0,
-        horizon_minutes=data.horizon_ms // 60_000,
-        prior=logistic,
+    fitted = fit(
+        data,
+        parts["train"],
+        parts["val"],
+        budget_per_1000_node_days=budget_per_1000_node_days,
+        params=params,
+        dask_address=dask_address,
+        negatives_per_positive=negatives_per_positive,
+        censor_ms=censor_ms,
+        clear_ms=clear_ms,
+        seed=seed,
         prior_weight=prior_weight,
     )
-    kept = candidates[prior_weight]
-    model.calibration = (kept["platt_slope"], kept["platt_intercept"])
-    scorers = {"model": model.predict_proba, "rules": rule_scores, "logistic": logistic.score}
-    thresholds = {
-        p: val_rows.threshold_for_budget(scorers[p](val_rows.frame), budget_per_1000_node_days)
-        for p in PREDICTORS
-    }
-    model.threshold = thresholds["model"]
-    model.baselines = {
-        "rules": {"threshold": thresholds["rules"]},
-        "logistic": {**logistic.to_json(), "threshold": thresholds["logistic"]},
-    }
-
-    evaluated: dict[str, tuple[EvalRows, dict]] = {}
-    for part in ("test", "val", "test_unseen_nodes"):
-        rows = val_rows if part == "val" else EvalRows(parts[part], data.cadence_ms, clear_ms)
-        evaluated[part] = (rows, {p: scorers[p](rows.frame) for p in PREDICTORS})
-    metrics: dict[str, Any] = {}
-    for p in PREDICTORS:
-        per_part = {
-            part: predictor_metrics(rows, scores[p], thresholds[p])
-            for part, (rows, scores) in evaluated.items()
-            if len(rows.frame)
-        }
-        metrics[p] = {**per_part["test"], "by_split": {k: v for k, v in per_part.items() if k != "test"}}
-    metrics["_info"] = {
-        "kind": "train",
-        "feature_set_hash": data.feature_set_hash,
-        "features": len(names),
-        "horizon_minutes": data.horizon_ms // 60_000,
-        "cadence_ms": data.cadence_ms,
-        "budget_false_alarms_per_1000_node_days": budget_per_1000_node_days,
-        "dataset": {k: data.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")},
-        "dataset_fingerprint": data.fingerprint,
-        "rows": {k: int(v.sum()) for k, v in masks.items()},
-        "train_rows_used": len(train),
-        "censor_ms": censor_ms,
-        "alert_clear_ms": clear_ms,
-        "prior_weight": model.prior_weight,
-        "prior_val_pr_auc": {f"{w:g}": c["pr_auc"] for w, c in candidates.items()},
-        "prior_val_platt_slope": {f"{w:g}": c["platt_slope"] for w, c in candidates.items()},
-        "best_iteration": booster.current_iteration(),
-        "lgb_params": params,
-        "distributed": dask_address is not None,
-        "split": split.describe(),
-    }
-    model.metrics = {
-        p: {k: v for k, v in metrics[p].items() if k not in ("lead_minutes", "by_split")} for p in PREDICTORS
-    }
-    model.metrics["training"] = {
-        k: metrics["_info"][k]
-        for k in (
-            "cadence_ms",
-            "dataset_fingerprint",
-            "budget_false_alarms_per_1000_node_days",
-            "alert_clear_ms",
-            "prior_weight",
-            "best_iteration",
-        )
-    }
-    return model, metrics, evaluated
+    evaluated = score_parts(fitted, parts, data.cadence_ms, clear_ms)
+    metrics = training_metrics(
+        data,
+        fitted,
+        evaluated,
+        split,
+        {k: int(v.sum()) for k, v in masks.items()},
+        budget_per_1000_node_days=budget_per_1000_node_days,
+        censor_ms=censor_ms,
+        clear_ms=clear_ms,
+        distributed=dask_address is not None,
+    )
+    fitted.model.metrics = model_card(metrics)
+    return fitted.model, metrics, evaluated
 
 
 def train_from_dataset(
@@ -496,15 +592,14 @@ def train_from_dataset(
         clear_ms=clear_ms,
         prior_weight=prior_weight,
     )
-    model.save(out_dir / "model")
-    written = write_outputs(out_dir, metrics, evaluated, model, title="Risk model training")
     if register:
         from foreshock.models.registry import log_and_register, sqlite_uri
 
+        tracking_uri = tracking_uri or sqlite_uri(data_dir)
         test_rows = evaluated["test"][0]
         registration = log_and_register(
             model,
-            tracking_uri=tracking_uri or sqlite_uri(data_dir),
+            tracking_uri=tracking_uri,
             params={
                 "horizon_minutes": horizon_minutes,
                 "cadence_ms": cadence_ms,
@@ -519,7 +614,6 @@ def train_from_dataset(
             },
             metrics=_flat_metrics(metrics),
             dataset_fingerprint=data.fingerprint,
-            artifacts=written,
             score_on_test=lambda m: float(
                 average_precision_score(test_rows.label, m.predict_proba(test_rows.frame))
             ),
@@ -530,8 +624,12 @@ def train_from_dataset(
             "promoted": registration.promoted,
             "previous_champion": registration.previous_champion,
         }
-        model.save(out_dir / "model")
-        write_outputs(out_dir, metrics, evaluated, model, title="Risk model training")
+    model.save(out_dir / "model")
+    written = write_outputs(out_dir, metrics, evaluated, model, title="Risk model training")
+    if register:
+        from foreshock.models.registry import log_artifacts
+
+        log_artifacts(tracking_uri, registration.run_id, written)
     return model
 
 

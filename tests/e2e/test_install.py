@@ -9,6 +9,7 @@ line, so every ``foreshock`` import resolves to the wheel, which the test checks
 from __future__ import annotations
 
 import json
+import shutil
 import site
 import subprocess
 import sys
@@ -27,8 +28,15 @@ pytestmark = pytest.mark.e2e
 def wheel_env(tmp_path_factory) -> Path:
     """A fresh virtual environment with the freshly built wheel installed; returns its bin folder."""
     base = tmp_path_factory.mktemp("wheel")
+    source = base / "source"  # a copy, so the build leaves nothing in the checkout
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    for rel in listed:
+        if (ROOT / rel).is_file():
+            (source / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, source / rel)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(base / "dist"), str(ROOT)], check=True, cwd=base)
+                    "-w", str(base / "dist"), str(source)], check=True, cwd=base)
     [wheel] = (base / "dist").glob("foreshock-*.whl")
     env_dir = base / "venv"
     venv.create(env_dir, with_pip=False)

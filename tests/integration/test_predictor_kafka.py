@@ -152,7 +152,7 @@ def complete(records: list, expected: dict) -> list | None:
 def champion(mlflow_server, risk_model_dir) -> str:
     """Registers the trained model in the MLflow server as the champion; returns its version."""
     reg = log_and_register(RiskModel.load(risk_model_dir), tracking_uri=mlflow_server, params={}, metrics={},
-                           dataset_fingerprint="predictor-tests", artifacts=[], score_on_test=lambda m: 0.5)
+                           dataset_fingerprint="predictor-tests", score_on_test=lambda m: 0.5)
     assert reg.promoted
     return reg.version
 
@@ -222,7 +222,7 @@ def test_telemetry_to_risk_records_and_api_answers(kafka_bootstrap, mlflow_serve
     RiskModel(base.booster, feature_names=base.feature_names, feature_set_hash="f" * 64,
               threshold=base.threshold).save(other)
     bad = log_and_register(RiskModel.load(other), tracking_uri=mlflow_server, params={}, metrics={},
-                           dataset_fingerprint="other", artifacts=[], score_on_test=lambda m: 0.0)
+                           dataset_fingerprint="other", score_on_test=lambda m: 0.0)
     client.set_registered_model_alias(MODEL_NAME, CHAMPION_ALIAS, bad.version)
     try:
         wait_for("the refusal", lambda: 'foreshock_predictor_model_reloads_total{result="refused"}'

@@ -281,6 +281,7 @@ def test_evaluate_refuses_another_feature_set(trained, synthetic_cluster_other, 
     from foreshock.models.frame import build_labelled
 
     other = synthetic_cluster_other.features.rename(columns={"noise_0": "noise_x"})
+    other.attrs["feature_set_hash"] = "another-set"
     data = build_labelled(synthetic_cluster_other.data_dir, 3_600_000, features=other)
     with pytest.raises(ValueError, match="feature set"):
         evaluate(model, [synthetic_cluster_other.data_dir], tmp_path, data=[data])

@@ -1,1 +1,0 @@
-"""The composition root: CLI, configuration and the embedded demo wiring."""

@@ -1,3 +1,0 @@
-from foreshock.cli import app
-
-app()

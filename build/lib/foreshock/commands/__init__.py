@@ -1,1 +1,0 @@
-"""One module per area; each exposes ``register(app)`` to add its commands."""

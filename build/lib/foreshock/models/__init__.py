@@ -1,1 +1,0 @@
-"""Labels, LightGBM training, evaluation, baselines, MLflow registry I/O and reliability maths."""

@@ -1,1 +1,0 @@
-"""Stream scoring service, the risk HTTP API and Prometheus metrics."""
