@@ -11,10 +11,11 @@ recovers the same way at start-up. Two sources:
   open when its last row is ``tripped``. An action whose last row says it had not ended is closed
   as ``abandoned`` and queued again under the same id, so the executor drives it to its end — a
   drain is idempotent, and a hook acts on a command id once;
-* **the scheduler's actual state**, compared with that (level-triggered, as the Kubernetes node
-  lifecycle controller is): a node out of service with Foreshock's mark is drained whatever the
-  log says (a log lost or replaced), and a node the log holds as drained that someone returned to
-  service is healthy again.
+* **the scheduler's actual state**, compared with that by the rules of
+  :mod:`foreshock.mitigator.reconcile` (which the running service applies again on a period): a node
+  out of service with Foreshock's mark is drained whatever the log says (a log lost or replaced),
+  and a node the log holds as drained that someone returned to service is healthy again. Each such
+  gap is audited, so the next start reads it from the log.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from foreshock.ingest.contract import MitigationEvent
 from foreshock.mitigator.audit import AuditLog, is_open
 from foreshock.mitigator.lifecycle import NodeState
 from foreshock.mitigator.plan import Action, NodeView, count_states
+from foreshock.mitigator.reconcile import compare
 from foreshock.mitigator.schedulers import SchedulerAdapter, SchedulerError
 
 __all__ = ["ColdStart", "rebuild"]
@@ -86,7 +88,8 @@ def rebuild(
         audit.record(msgspec.structs.replace(e, status="abandoned", reason="cut off by a restart; resumed",
                                              ts=now_ms))
         resumed.append(action)
-    by_scheduler, by_hand = ([], []) if dry_run else _compare(views, scheduler)
+    by_scheduler, by_hand = ([], []) if dry_run else _compare(
+        audit, views, scheduler, {a.node for a in resumed}, now_ms)
     if resumed or by_scheduler or by_hand or views:
         log.info("cold start: %d node(s) known, %d drain(s) in the window, breaker %s, %d action(s) resumed",
                  len(views), len(drains), "open" if breaker else "closed", len(resumed))
@@ -110,14 +113,15 @@ def _apply(view: NodeView, e: MitigationEvent, dry_run: bool) -> NodeView:
     if e.action == "undrain" and e.status == "planned":
         return replace(view, state=NodeState.REPAIRED, draining=False)
     if e.action == "undrain" and done:
-        return replace(view, state=NodeState.HEALTHY)
+        return replace(view, state=NodeState.HEALTHY, draining=False)
     if e.action in ("pin", "unpin") and done:
         return replace(view, pinned=e.action == "pin")
     return view
 
 
-def _compare(views: dict[str, NodeView], scheduler: SchedulerAdapter | None) -> tuple[list[str], list[str]]:
-    """Reconcile the log's views with the scheduler's nodes out of service (in place)."""
+def _compare(audit: AuditLog, views: dict[str, NodeView], scheduler: SchedulerAdapter | None, busy: set[str],
+             now_ms: int) -> tuple[list[str], list[str]]:
+    """Reconcile the log's views with the scheduler's nodes out of service (in place; each gap audited)."""
     if scheduler is None:
         return [], []
     try:
@@ -127,17 +131,13 @@ def _compare(views: dict[str, NodeView], scheduler: SchedulerAdapter | None) -> 
         return [], []
     if out is None:
         return [], []
-    by_scheduler, by_hand = [], []
-    for node in sorted(out):
-        view = views.get(node, NodeView())
-        if view.state not in (NodeState.DRAINED, NodeState.MITIGATING):
-            views[node] = replace(view, state=NodeState.DRAINED, draining=True)
-            by_scheduler.append(node)
-    for node, view in views.items():
-        if view.state is NodeState.DRAINED and node not in out:
-            views[node] = replace(view, state=NodeState.HEALTHY, draining=False)
-            by_hand.append(node)
-    if by_scheduler or by_hand:
+    gaps = compare(views, out, busy)
+    for gap in gaps:
+        audit.record(gap.event(now_ms, dry_run=False))
+        views[gap.node] = gap.view
+    by_scheduler = [g.node for g in gaps if g.kind == "drained_by_scheduler"]
+    by_hand = [g.node for g in gaps if g.kind == "returned_by_hand"]
+    if gaps:
         log.warning("cold start: drained in the scheduler, not in the log: %s; back in service by hand: %s",
                     ", ".join(by_scheduler) or "none", ", ".join(by_hand) or "none")
     return by_scheduler, by_hand

@@ -154,6 +154,16 @@ class MitigationEngine:
         self._accept(plan, current)
         return plan
 
+    def observed(self, node: str, view: NodeView) -> None:
+        """Take the view a reconciliation settled on (:mod:`foreshock.mitigator.reconcile`): the node as the
+        scheduler shows it. A node back in service gives up the spare its migration was promised."""
+        current = self.views.get(node, NodeView())
+        if view.state is not current.state:
+            check_transition(node, current.state, view.state, observed=True)
+        if view.state is not NodeState.DRAINED:
+            self._release(node)
+        self.views[node] = view
+
     def pin(self, node: str, ts: int, pinned: bool = True, reason: str = "operator") -> Plan:
         """Pin (exclude from every action) or unpin a node; recorded like any action."""
         current = self.views.get(node, NodeView())

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from foreshock.ingest.contract import MitigationEvent
 from foreshock.ingest.stream import now_ms
@@ -41,6 +42,7 @@ from foreshock.mitigator.schedulers import NoScheduler, SchedulerAdapter, Schedu
 __all__ = ["Outcome", "Executor", "InFlight"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _DESIRED_STATE = ("drain", "undrain")  # repeated until they hold
 
@@ -185,6 +187,21 @@ class Executor:
                      i == 0 and t.running is not None)
             for tasks in list(self._tasks.values()) for t in tasks for i, a in enumerate(t.actions)
         ]
+
+    def busy(self) -> set[str]:
+        """Nodes with an action queued or running (a reconciliation leaves them to this executor)."""
+        return set(self._tasks)
+
+    def call(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` on the worker pool, off the caller's loop; without a pool, at once on this thread."""
+        if self._pool is not None:
+            return self._pool.submit(fn)
+        done: Future[T] = Future()
+        try:
+            done.set_result(fn())
+        except Exception as exc:
+            done.set_exception(exc)
+        return done
 
     def close(self) -> None:
         if self._pool is not None:

@@ -4,6 +4,10 @@
 hysteresis needs (``watch → healthy`` when the risk clears, ``mitigating → watch`` when a
 checkpoint-only mitigation is over or an action failed). Any other move is a bug in a policy and
 raises :class:`IllegalTransition` instead of silently corrupting the state.
+
+:data:`OBSERVED_TRANSITIONS` are the few more moves that only the scheduler's observed state may
+force (see :mod:`foreshock.mitigator.reconcile`): a drained node returned to service by hand, a node
+found drained with Foreshock's mark.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
-__all__ = ["NodeState", "TRANSITIONS", "IllegalTransition", "check_transition"]
+__all__ = ["NodeState", "TRANSITIONS", "OBSERVED_TRANSITIONS", "IllegalTransition", "check_transition"]
 
 
 class NodeState(StrEnum):
@@ -30,17 +34,26 @@ TRANSITIONS: Final[dict[NodeState, frozenset[NodeState]]] = {
     NodeState.REPAIRED: frozenset({NodeState.HEALTHY, NodeState.WATCH}),
 }
 
+OBSERVED_TRANSITIONS: Final[dict[NodeState, frozenset[NodeState]]] = {
+    NodeState.HEALTHY: frozenset({NodeState.DRAINED}),
+    NodeState.WATCH: frozenset({NodeState.DRAINED}),
+    NodeState.MITIGATING: frozenset({NodeState.DRAINED}),
+    NodeState.DRAINED: frozenset({NodeState.HEALTHY}),
+    NodeState.REPAIRED: frozenset(),
+}
+
 
 class IllegalTransition(RuntimeError):
     """A policy asked for a move the lifecycle table does not allow."""
 
 
-def check_transition(node: str, current: NodeState, new: NodeState) -> NodeState:
-    """Return ``new`` when ``current → new`` is in :data:`TRANSITIONS`; raise otherwise.
+def check_transition(node: str, current: NodeState, new: NodeState, observed: bool = False) -> NodeState:
+    """Return ``new`` when ``current → new`` is in :data:`TRANSITIONS` (or, when the scheduler's
+    ``observed`` state forces it, in :data:`OBSERVED_TRANSITIONS`); raise otherwise.
 
     >>> check_transition("n1", NodeState.HEALTHY, NodeState.WATCH)
     <NodeState.WATCH: 'watch'>
     """
-    if new not in TRANSITIONS[current]:
+    if new not in TRANSITIONS[current] | (OBSERVED_TRANSITIONS[current] if observed else frozenset()):
         raise IllegalTransition(f"{node}: {current} -> {new} is not an allowed transition")
     return new

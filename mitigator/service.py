@@ -5,7 +5,9 @@ with status ``planned`` and a reason starting ``operator``: pin/unpin, see :func
 and the breaker's reset, see :func:`breaker_reset_request`) as one consumer group (key = node, so
 one member owns a node's state).
 
-Before the first record it rebuilds its state (:mod:`foreshock.mitigator.coldstart`). Each record goes
+Before the first record it rebuilds its state (:mod:`foreshock.mitigator.coldstart`); then, every
+``reconcile_every_s``, it reads the scheduler's state off the loop and the pass that receives it
+compares each node's desired state with it (:mod:`foreshock.mitigator.reconcile`). Each record goes
 through the :class:`~foreshock.mitigator.engine.MitigationEngine`; the plan's intent is made durable by the
 :class:`~foreshock.mitigator.executor.Executor` and the offsets are committed after that, so a crash loses
 no promise: what was planned and not finished is resumed from the audit log at the next start.
@@ -26,6 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 
 from foreshock.ingest.bus import Bus, Message
 from foreshock.ingest.contract import MitigationEvent, NodeEvent, RiskScore, Topic
@@ -36,11 +39,15 @@ from foreshock.mitigator.engine import MitigationEngine
 from foreshock.mitigator.executor import Executor, Outcome
 from foreshock.mitigator.lifecycle import NodeState
 from foreshock.mitigator.metrics import MitigatorMetrics
-from foreshock.mitigator.plan import Plan, action_id, count_states
+from foreshock.mitigator.plan import NodeView, Plan, action_id, count_states
+from foreshock.mitigator.reconcile import compare
 
 __all__ = ["MitigationService", "pin_request", "breaker_reset_request"]
 
 log = logging.getLogger(__name__)
+
+_SAID = {"returned_by_hand": "was returned to service by hand; respected",
+         "drained_by_scheduler": "is drained with Foreshock's mark, not by this mitigator; taken as drained"}
 
 
 class MitigationService:
@@ -54,7 +61,10 @@ class MitigationService:
         group: str = "foreshock-mitigator",
         metrics: MitigatorMetrics | None = None,
         audit_retry_s: float = 5.0,
+        reconcile_every_s: float = 30.0,
     ):
+        if reconcile_every_s < 0:
+            raise ValueError("reconcile_every_s must be >= 0 (0: only at the cold start)")
         self.engine = engine
         self.executor = executor
         self.metrics = metrics or MitigatorMetrics()
@@ -65,7 +75,12 @@ class MitigationService:
         self._next_probe = 0.0
         self._blocks_seen: set[tuple[str, str]] = set()
         self._lock = threading.RLock()  # the loop and GET /status
+        self.reconcile_every_s = reconcile_every_s
+        self.reconciled: deque[dict] = deque(maxlen=50)
+        self.observed: dict = {"read_ms": None, "error": None}
+        self._reading: tuple[Future, dict[str, NodeView], set[str]] | None = None
         self.cold_start = self._cold_start()
+        self._next_read = executor.monotonic() + reconcile_every_s
         self.stream = RecordStream(
             bus, bus.consumer(group, [Topic.RISK, Topic.NODE_EVENTS, Topic.MITIGATION])
         )
@@ -158,6 +173,12 @@ class MitigationService:
                     "resumed": [a.action_id for a in self.cold_start.resumed],
                     "drained_by_scheduler": self.cold_start.drained_by_scheduler,
                     "returned_by_hand": self.cold_start.returned_by_hand,
+                },
+                "reconcile": {
+                    "every_s": self.reconcile_every_s if self._reconciles() else None,
+                    "read_ms": self.observed["read_ms"],
+                    "error": self.observed["error"],
+                    "recent": list(self.reconciled),
                 },
             }
 
@@ -262,7 +283,54 @@ class MitigationService:
             self._pause(exc, [])
             return []
         self._settle(outcomes)
+        try:
+            self._reconcile()
+        except AuditUnavailable as exc:
+            self._pause(exc, [])
         return outcomes
+
+    def _reconciles(self) -> bool:
+        return self.reconcile_every_s > 0 and not self.executor.dry_run
+
+    def _reconcile(self) -> None:
+        """Start a reading of the scheduler when one is due; compare with it on the pass it arrives.
+
+        Only nodes whose view did not change while the reading was taken, and that have no action
+        queued then or now, are compared: a drain that ended during the reading is not undone by it.
+        """
+        if self._reading is None:
+            if not self._reconciles() or self.executor.monotonic() < self._next_read:
+                return
+            before, busy = dict(self.engine.views), self.executor.busy()
+            self._reading = (self.executor.call(self.executor.scheduler.foreshock_drained), before, busy)
+        future, before, busy = self._reading
+        if not future.done():
+            return
+        self._reading = None
+        self._next_read = self.executor.monotonic() + self.reconcile_every_s
+        try:
+            drained = future.result()
+        except Exception as exc:  # an unreadable scheduler changes nothing; the next period reads again
+            if self.observed["error"] is None:
+                log.warning("reconcile: the scheduler's state is unreadable (%s); nothing compared", exc)
+            self.observed["error"] = f"{type(exc).__name__}: {exc}"
+            return
+        if drained is None:  # the adapter cannot tell (no scheduler): nothing to compare, ever
+            self.reconcile_every_s = 0
+            return
+        if self.observed["error"] is not None:
+            log.warning("reconcile: the scheduler's state can be read again")
+        self.observed.update(read_ms=self.engine.clock(), error=None)
+        views = self.engine.views
+        unchanged = {n: v for n, v in views.items() if before.get(n) is v}
+        shown = {n for n in drained if n in unchanged or (n not in views and n not in before)}
+        for gap in compare(unchanged, shown, busy | self.executor.busy()):
+            now = self.engine.clock()
+            self.executor.audit.record(gap.event(now, self.executor.dry_run))  # recorded before taken in
+            self.engine.observed(gap.node, gap.view)
+            self.metrics.reconciled.labels(gap.kind).inc()
+            self.reconciled.append({"ts": now, "node": gap.node, "kind": gap.kind})
+            log.warning("reconcile: %s %s", gap.node, _SAID[gap.kind])
 
     def _settle(self, outcomes: Sequence[Outcome]) -> None:
         for o in outcomes:  # a dry run settles as if it had worked, so it simulates the whole episode

@@ -92,6 +92,10 @@ def mitigate(
     scheduler_timeout: str = typer.Option(
         "15s", "--scheduler-timeout", help="bound on each scheduler call (scontrol, Kubernetes request)"
     ),
+    reconcile_every: str = typer.Option(
+        "30s", "--reconcile-every",
+        help="read the scheduler's state this often and reconcile each node with it; 0: only at start",
+    ),
     workers: int = typer.Option(4, "--workers", min=1, help="actions run at once (one per node)"),
     metrics_port: int = typer.Option(
         9403, "--metrics-port", help="port of /metrics, /status, /readyz; 0: off"
@@ -165,7 +169,8 @@ def mitigate(
         audit_log = AuditLog(audit, bus=bus)
         executor = Executor(audit_log, scheduler=sched, channel=channel, acks=channel, dry_run=dry_run,
                             workers=workers)
-        service = MitigationService(bus, engine, executor, group=group)
+        service = MitigationService(bus, engine, executor, group=group,
+                                    reconcile_every_s=_seconds(reconcile_every, "--reconcile-every"))
     except AuditUnavailable as exc:
         _fail(str(exc))
     status = None

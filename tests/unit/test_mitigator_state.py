@@ -60,14 +60,14 @@ class BreakableAudit(AuditLog):
 
 
 def build(tmp_path, *, bus=None, scheduler=None, dry_run=False, clock=None, jobs=(), fleet=10,
-          audit_cls=AuditLog, **cfg):
+          audit_cls=AuditLog, workers=0, **cfg):
     clock = clock or Clock()
     config = PolicyConfig(**{"max_concurrent_drains": 10, "breaker_share": 0.3, **cfg})
     engine = MitigationEngine(ExpectedLossPolicy(config), jobs=StaticJobs(jobs), fleet_size=fleet,
                               clock=clock)
     bus = bus or InMemoryBus()
     executor = Executor(audit_cls(tmp_path / "audit.sqlite", bus=bus, clock=clock), scheduler=scheduler,
-                        dry_run=dry_run, clock=clock, monotonic=clock.monotonic, attempts=3)
+                        dry_run=dry_run, clock=clock, monotonic=clock.monotonic, attempts=3, workers=workers)
     return MitigationService(bus, engine, executor, audit_retry_s=0.0)
 
 
