@@ -71,6 +71,7 @@ class AuditLog:
         self._lock = threading.Lock()
         self.bus = bus
         self.clock = clock
+        self.write_failures = 0  # writes that raised AuditUnavailable, for the metrics
 
     def record(self, event: MitigationEvent) -> None:
         """Make ``event`` durable (SQLite commit), then publish it unless it is a ``started`` record."""
@@ -104,6 +105,7 @@ class AuditLog:
         try:
             yield
         except (sqlite3.Error, OSError) as exc:
+            self.write_failures += 1
             raise AuditUnavailable(f"cannot write the audit log {self.path}: {exc}") from None
 
     def succeeded(self, action_id: str) -> bool:

@@ -26,7 +26,7 @@ from foreshock.ingest.stream import now_ms
 from foreshock.mitigator.jobs import JobSource, StaticJobs
 from foreshock.mitigator.lifecycle import NodeState, check_transition
 from foreshock.mitigator.plan import Action, NodeView, Plan, action_id
-from foreshock.mitigator.policy import ExpectedLossPolicy, Policy, PolicyConfig, PolicyContext
+from foreshock.mitigator.policy import ExpectedLossPolicy, Policy, PolicyConfig, PolicyContext, free_spares
 
 __all__ = ["MitigationEngine"]
 
@@ -99,6 +99,10 @@ class MitigationEngine:
 
     def breaker_limit(self) -> int:
         return self.config.breaker_limit(self._fleet(None))
+
+    def free_spares(self) -> list[str]:
+        """The spares a migration may move onto now (the policy's own test, see :func:`free_spares`)."""
+        return free_spares(self.config.spare_nodes, self.views, self.job_source.jobs(), self._reserved)
 
     def reset_breaker(self) -> None:
         """An operator's reset: close the breaker and start its window afresh."""

@@ -7,7 +7,13 @@ service owns the registry, so two services in one process never share counters.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from foreshock.mitigator.plan import JobView
 
 __all__ = ["MitigatorMetrics"]
 
@@ -46,12 +52,45 @@ class MitigatorMetrics:
         self.cold_start_resumed = Gauge("foreshock_mitigator_cold_start_resumed_actions",
                                         "Actions a restart found cut off, closed as abandoned and resumed.",
                                         registry=r)
-        self.reconciled = Counter("foreshock_mitigator_reconciled_total",
-                                  "Nodes the scheduler showed otherwise than desired, taken in, by kind "
-                                  "(returned_by_hand, drained_by_scheduler).", ["kind"], registry=r)
         self.cold_start_nodes = Gauge("foreshock_mitigator_cold_start_nodes",
                                       "Nodes whose state the last start rebuilt, by state.", ["state"],
                                       registry=r)
+        self.spares = Gauge("foreshock_mitigator_spares", "Spare nodes configured (--spare).", registry=r)
+        self.spares_free = Gauge("foreshock_mitigator_spares_free",
+                                 "Spares a migration may move onto now (healthy, unpinned, in no job, "
+                                 "not promised to another migration).", registry=r)
+        self.audit_write_failures = _KeptTotal(
+            "foreshock_mitigator_audit_write_failures",
+            "Writes to the audit log that failed (each pauses the mitigator until a write succeeds).", r)
+        self.jobs = Gauge("foreshock_mitigator_jobs", "Training jobs whose hooks report their status.",
+                          registry=r)
+        self.job_gpus = Gauge("foreshock_mitigator_job_gpus", "GPUs in the jobs that report their status.",
+                              registry=r)
+        self.unsaved_work = Gauge(
+            "foreshock_mitigator_unsaved_work_gpu_seconds",
+            "GPU-seconds of training since each reporting job's last durable snapshot, summed: what a "
+            "crash of every job now would lose.", registry=r)
+
+    def observe_fleet(self, spares: int, free_spares: int, jobs: Sequence[JobView], now_ms: int,
+                      audit_write_failures: int) -> None:
+        """Set the gauges read from the engine, the job source and the audit log (at scrape time)."""
+        self.spares.set(spares)
+        self.spares_free.set(free_spares)
+        self.audit_write_failures.value = audit_write_failures
+        self.jobs.set(len(jobs))
+        self.job_gpus.set(sum(j.gpus for j in jobs))
+        self.unsaved_work.set(sum(j.gpus * max(0, now_ms - j.last_checkpoint_ms) for j in jobs) / 1000)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _KeptTotal(Collector):
+    """A counter whose count another object keeps (the audit log counts its own failed writes)."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry):
+        self.name, self.documentation, self.value = name, documentation, 0
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self.name, self.documentation, value=self.value)

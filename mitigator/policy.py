@@ -23,7 +23,7 @@ New policies register in :data:`POLICIES` by name.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from foreshock.ingest.contract import RiskScore
@@ -35,7 +35,7 @@ from foreshock.models.reliability import (
     should_mitigate,
 )
 
-__all__ = ["PolicyConfig", "PolicyContext", "Policy", "ExpectedLossPolicy", "POLICIES"]
+__all__ = ["PolicyConfig", "PolicyContext", "Policy", "ExpectedLossPolicy", "POLICIES", "free_spares"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,17 +213,18 @@ class ExpectedLossPolicy:
         return None
 
     def _free_spare(self, ctx: PolicyContext) -> str | None:
-        busy = {n for j in ctx.jobs for n in j.nodes}
-        for spare in self.config.spare_nodes:
-            v = ctx.view(spare)
-            if (
-                spare not in busy
-                and spare not in ctx.reserved_spares
-                and not v.pinned
-                and v.state is NodeState.HEALTHY
-            ):
-                return spare
-        return None
+        free = free_spares(self.config.spare_nodes, ctx.nodes, ctx.jobs, ctx.reserved_spares)
+        return free[0] if free else None
+
+
+def free_spares(spares: Sequence[str], nodes: Mapping[str, NodeView], jobs: Iterable[JobView],
+                reserved: Collection[str]) -> list[str]:
+    """The spares a migration may move onto, in configured order: healthy, unpinned, in no job,
+    not promised to another migration."""
+    busy = {n for j in jobs for n in j.nodes}
+    return [s for s in spares
+            if s not in busy and s not in reserved and not (v := nodes.get(s, NodeView())).pinned
+            and v.state is NodeState.HEALTHY]
 
 
 POLICIES: dict[str, Callable[[PolicyConfig], Policy]] = {"expected-loss": ExpectedLossPolicy}

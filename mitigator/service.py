@@ -375,6 +375,9 @@ class MitigationService:
         counts = count_states(self.engine.views.values())
         for state in NodeState:
             m.nodes.labels(state.value).set(counts.get(state.value, 0))
+        e = self.engine
+        m.observe_fleet(len(e.config.spare_nodes), len(e.free_spares()), e.job_source.jobs(), e.clock(),
+                        self.executor.audit.write_failures)
 
 
 def pin_request(node: str, pinned: bool, reason: str = "", ts: int | None = None) -> MitigationEvent:

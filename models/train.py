@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -457,6 +458,7 @@ def training_metrics(
     candidates = fitted.candidates
     metrics["_info"] = {
         "kind": "train",
+        "trained_at_ms": int(time.time() * 1000),  # the model's age: the risk service exports it
         "feature_set_hash": data.feature_set_hash,
         "features": len(data.feature_names),
         "horizon_minutes": data.horizon_ms // 60_000,
@@ -495,6 +497,7 @@ def model_card(metrics: dict[str, Any]) -> dict[str, Any]:
             "alert_clear_ms",
             "prior_weight",
             "best_iteration",
+            "trained_at_ms",
         )
     }
     return card

@@ -174,6 +174,7 @@ def create_app(service: RiskService, *, token: str | None, title: str = "Foresho
     over ``max_body_bytes`` is answered 413 before it is read (:class:`BodyLimit`)."""
     app = FastAPI(title=title, version="1", description=__doc__)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    service.metrics.watch(service.board, lambda: service.model)  # per-node gauges, read at scrape time
     bearer = HTTPBearer(auto_error=False)
 
     def require_token(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:

@@ -1,14 +1,27 @@
-"""Prometheus metrics of the risk service (``foreshock_predictor_*``, base units, no node labels).
+"""Prometheus metrics of the risk service: ``foreshock_predictor_*`` (base units, no node labels) and
+the fleet's per-node gauges ``foreshock_node_failure_probability{node}`` and ``foreshock_node_alert{node}``.
 
 Each service owns a :class:`prometheus_client.CollectorRegistry`, so two services in one process
-(tests, the embedded demo) never share counters; ``/metrics`` renders that registry.
+(tests, the embedded demo) never share counters; ``/metrics`` renders that registry. The per-node
+gauges and the model's gauges are not set by the scoring loop: :class:`BoardCollector` reads the
+board's latest scores and the model being served when Prometheus scrapes, so they cost the loop
+nothing per record or per node, and a node whose partition moved away stops being exported here.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
-__all__ = ["ServiceMetrics"]
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from foreshock.models.artifact import RiskModel
+    from foreshock.predictor.scoring import RiskBoard
+
+__all__ = ["ServiceMetrics", "BoardCollector", "model_trained_ms"]
 
 # up to 5 minutes: a scoring cycle or checkpoint that stalls must show its size, not read "10 s" at p99
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -52,6 +65,15 @@ class ServiceMetrics:
         self.ready = Gauge("foreshock_predictor_ready", "1 when the service is ready to answer.", registry=r)
         self.model = Gauge("foreshock_predictor_model_info", "The model being served (value 1).",
                            ["version", "feature_set_hash"], registry=r)
+        self._board: BoardCollector | None = None
+
+    def watch(self, board: RiskBoard, model: Callable[[], RiskModel | None]) -> None:
+        """Export ``board``'s per-node gauges and ``model()``'s threshold and training time at each
+        scrape (once per registry: a second call replaces the first)."""
+        if self._board is not None:
+            self.registry.unregister(self._board)
+        self._board = BoardCollector(board, model)
+        self.registry.register(self._board)
 
     def set_model(self, version: str, feature_set_hash: str) -> None:
         """Point the info gauge at the model now being served."""
@@ -61,3 +83,56 @@ class ServiceMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""
         return generate_latest(self.registry)
+
+
+def model_trained_ms(model: RiskModel) -> int | None:
+    """When ``model`` was trained (epoch ms, from its model card), or None for a model that does not say."""
+    trained = (model.metrics or {}).get("training", {}).get("trained_at_ms")
+    return int(trained) if isinstance(trained, int | float) else None
+
+
+class BoardCollector(Collector):
+    """The fleet as Prometheus series, read from the board at scrape time (no cost to the loop).
+
+    ``foreshock_node_failure_probability{node}``: the node's latest calibrated probability of failing
+    within the model's horizon; ``foreshock_node_alert{node}``: 1 when that score is at or above the
+    model's threshold. With the model loaded: ``foreshock_predictor_model_threshold`` and, when the
+    model card says, ``foreshock_predictor_model_trained_timestamp_seconds``.
+    """
+
+    def __init__(self, board: RiskBoard, model: Callable[[], RiskModel | None]):
+        self.board = board
+        self.model = model
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        probability, alert, threshold, trained = self._families()
+        for s in self.board.latest():
+            probability.add_metric([s.node], s.probability)
+            alert.add_metric([s.node], 1.0 if s.alert else 0.0)
+        yield probability
+        yield alert
+        model = self.model()
+        if model is not None:
+            threshold.add_metric([], model.threshold)
+            yield threshold
+            if (ms := model_trained_ms(model)) is not None:
+                trained.add_metric([], ms / 1000)
+                yield trained
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, ...]:
+        return (
+            GaugeMetricFamily("foreshock_node_failure_probability",
+                              "Latest calibrated probability that the node fails within the model's horizon.",
+                              labels=["node"]),
+            GaugeMetricFamily("foreshock_node_alert",
+                              "1 when the node's latest score is at or above the model's threshold.",
+                              labels=["node"]),
+            GaugeMetricFamily("foreshock_predictor_model_threshold",
+                              "Probability at or above which the model being served alerts."),
+            GaugeMetricFamily("foreshock_predictor_model_trained_timestamp_seconds",
+                              "When the model being served was trained (from its model card)."),
+        )

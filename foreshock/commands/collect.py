@@ -8,7 +8,8 @@ drops the oldest polls and counts them), and its sender thread delivers them in 
 broker answers. SIGTERM or SIGINT stops the loop; the collector's held-back records (folded Xid
 counts) are drained and queued, the outbox gets ``--flush-timeout`` to deliver what is left (the
 rest stays in the spool, or is counted as unsent), one line on stderr says what was collected,
-delivered and dropped, and the process exits 0.
+delivered and dropped, and the process exits 0. ``--metrics-port`` serves the collector's
+Prometheus metrics (:mod:`foreshock.ingest.collectors.metrics`) on ``/metrics``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from foreshock.ingest.collectors import (
     create_collector,
     parser_for,
 )
+from foreshock.ingest.collectors.metrics import CollectorMetrics
 from foreshock.ingest.collectors.xid_policy import load_xid_policy
 from foreshock.ingest.contract import TELEMETRY_TOPICS, encode
 from foreshock.ingest.outbox import Outbox
@@ -109,6 +111,17 @@ def _kafka_outbox(bootstrap: str, source: str, memory_bytes: int, spool_dir: Pat
     return Outbox(bus.deliver, memory_bytes=memory_bytes, spool=spool).start(), bus
 
 
+def _serve_metrics(metrics: CollectorMetrics, host: str, port: int) -> None:
+    """``/metrics`` on ``host:port`` from a daemon thread; a port that cannot be bound is exit 1."""
+    from prometheus_client import start_http_server
+
+    try:
+        start_http_server(port, addr=host, registry=metrics.registry)
+    except OSError as exc:
+        typer.echo(f"foreshock collect: cannot serve /metrics on {host}:{port}: {exc.strerror}", err=True)
+        raise typer.Exit(1) from None
+
+
 def run_collector(collector: Any, sink: Callable[[list[Any]], None], interval_s: float,
                   stop: threading.Event, max_polls: int | None = None) -> int:
     """Poll ``collector`` every ``interval_s`` into ``sink`` until ``stop`` is set; drain; return polls."""
@@ -161,6 +174,9 @@ def register(app: typer.Typer) -> None:
         flush_timeout: str = typer.Option("10s", "--flush-timeout", help="--kafka: on SIGTERM, time to "
                                           "deliver the backlog; what is left stays in --spool-dir or is "
                                           "reported as unsent."),
+        metrics_port: int = typer.Option(0, "--metrics-port", min=0, max=65535,
+                                         help="Port of the Prometheus /metrics endpoint; 0: off."),
+        metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address /metrics listens on."),
     ) -> None:
         """Run a collector until stopped (SIGTERM flushes and exits 0)."""
         if (kafka is None) == (not stdout):
@@ -176,7 +192,7 @@ def register(app: typer.Typer) -> None:
                                    fold_window_ms=int(_seconds(fold_window, "--fold-window") * 1000))
         outbox, bus = (_kafka_outbox(kafka, source.value, memory_bytes, spool_dir, spool_bytes)
                        if kafka is not None else (None, None))
-        sink = _stdout_sink if outbox is None else (
+        deliver = _stdout_sink if outbox is None else (
             lambda records: outbox.put(_messages(records), len(records)))
         try:
             try:
@@ -184,6 +200,15 @@ def register(app: typer.Typer) -> None:
             except CollectorUnavailable as exc:
                 typer.echo(f"foreshock collect: {exc}", err=True)
                 raise typer.Exit(1) from None
+            metrics = CollectorMetrics(source.value, node or "", interval_s, collector=collector,
+                                       outbox=outbox)
+            if metrics_port:
+                _serve_metrics(metrics, metrics_host, metrics_port)
+
+            def sink(records: list[Any]) -> None:
+                metrics.polled(records)
+                deliver(records)
+
             stop = threading.Event()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())

@@ -6,6 +6,12 @@ from the source; it raises :class:`CollectorUnavailable` (one sentence, no trace
 when the source cannot be opened at all. A collector that holds records back (the Xid flood
 folder) also offers ``drain()``, called once on shutdown so that no count is lost.
 
+A collector may also count what went wrong, as two integer attributes the collect command's
+metrics read at scrape time (:mod:`foreshock.ingest.collectors.metrics`): ``failures``, reads of
+the source that failed (an unreachable dcgm-exporter, a ``sinfo`` or node list that failed), and
+``parse_errors``, input it read and could not turn into records (a malformed exposition line, an
+Xid line it could not read). A poll during which ``failures`` did not grow is a successful read.
+
 Collectors and parsers register under a name (``nvml``, ``dcgm``, ``kmsg``, ``ib``, ``slurm``,
 ``kubernetes``); the CLI picks them by that name and passes the outside world in through
 :class:`CollectorOptions`.

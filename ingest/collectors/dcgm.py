@@ -171,6 +171,7 @@ class DcgmExporterCollector:
         self.fetch = fetch
         self.timeout_s = timeout_s
         self.failures = 0
+        self.parse_errors = 0
 
     def collect(self) -> list[GpuSample]:
         ts = self.clock()
@@ -180,7 +181,9 @@ class DcgmExporterCollector:
             self.failures += 1
             log.warning("dcgm-exporter scrape of %s failed: %s", self.url, exc)
             return []
-        return parse_exposition(body, node=self.node, ts=ts).records
+        result = parse_exposition(body, node=self.node, ts=ts)
+        self.parse_errors += len(result.report.skipped)
+        return result.records
 
 
 @register_collector("dcgm")

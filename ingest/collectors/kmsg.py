@@ -242,12 +242,15 @@ class KernelLogCollector:
         self.parser = parser
         self.folder = folder
         self.clock = clock
+        self.parse_errors = 0  # Xid lines it could not read (malformed, or over MAX_LINE_CHARS)
 
     def collect(self) -> list[Any]:
         out: list[Any] = []
         for text, ts in self.source.read_lines():
             record = self.parser.parse(text, ts)
             if record is None:
+                if "NVRM: Xid" in text or len(text) > MAX_LINE_CHARS:
+                    self.parse_errors += 1
                 continue
             if isinstance(record, XidEvent):
                 out.extend(self.folder.offer(record))

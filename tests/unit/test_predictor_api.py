@@ -80,7 +80,9 @@ def test_model_metrics_and_docs(service, client):
                  "foreshock_predictor_scoring_duration_seconds_bucket", "foreshock_predictor_nodes_in_alert",
                  "foreshock_predictor_dead_letters_total", f"foreshock_predictor_ready {ready}"):
         assert name in text
-    assert "node=" not in text
+    labelled = [line for line in text.splitlines() if "node=" in line]  # only the fleet's per-node gauges
+    assert all(line.startswith(("foreshock_node_failure_probability{", "foreshock_node_alert{"))
+               for line in labelled)
     assert client.get("/docs").status_code == 200
     assert {"/v1/nodes", "/v1/nodes/{node}", "/v1/score", "/v1/model", "/readyz"} <= set(
         client.get("/openapi.json").json()["paths"])
