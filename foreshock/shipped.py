@@ -13,8 +13,14 @@ from pathlib import Path
 
 __all__ = ["operating_point", "profile", "profile_names", "trace", "TRACE_FILES"]
 
-TRACE_FILES = {"infinitehbd": "infinitehbd/fault_trace.json"}
-"""Shipped real traces by name."""
+TRACE_FILES = {
+    "infinitehbd": "infinitehbd/fault_trace.json",
+    "titan": "titan/gc_full.csv.gz",
+    "titan-summary": "titan/gc_summary_loc.csv.gz",
+    "titan-service": "titan/titan.service.txt",
+}
+"""Shipped real traces by name: the InfiniteHBD fault trace; Titan's GPU lives, the SC20 study's
+per-GPU summary of them, and its service nodes (``datasets/traces/titan/README.md``)."""
 
 
 def _resource(package: str, name: str) -> Path:
@@ -41,7 +47,7 @@ def profile(name_or_path: str) -> Path:
 
 
 def trace(name_or_path: str) -> Path:
-    """A shipped trace's name (``infinitehbd``) or the path of a ``fault_trace.json``."""
+    """A shipped trace's name (``infinitehbd``, ``titan``, ... in :data:`TRACE_FILES`) or a file's path."""
     if name_or_path in TRACE_FILES:
         return _resource("foreshock.traces", TRACE_FILES[name_or_path])
     return Path(name_or_path)
