@@ -8,10 +8,12 @@ folder; killing a node kills its process tree and deletes that folder (its RAM i
 
 Scenarios (:data:`SCENARIOS`), each on a fresh cluster:
 
-* ``warned``: risk on B rises on an in-memory bus; the real mitigator (engine + executor + file
-  command channel) plans a migration; the hook snapshots to memory, waits until B's buddy holds
-  the copy, B leaves; A and C re-rendezvous, C fetches B's state from A's memory; then B dies.
-* ``unwarned``: B is killed with no warning; A restores from its own memory, C from A's copy.
+* ``warned``: risk on B rises on the bus; the real mitigator (service, engine, executor, file
+  command channel; :mod:`foreshock.mitigator.drill_mitigation`) plans a migration; the hook snapshots
+  to memory, waits until B's buddy holds the copy, B leaves and is drained through the scheduler;
+  A and C re-rendezvous, C fetches B's state from A's memory; then B dies.
+* ``unwarned``: B is killed with no warning; A restores from its own memory, C from A's copy. The
+  mitigator runs on the bus all along and acts on nothing.
 * ``pair_lost``: A and B (each other's buddy) die together; C and D restore from the durable tier.
 * ``corrupt_replica``: B dies and the copy of B's state in A's memory is corrupted: the CRC check
   catches it and the job falls back to the durable tier.
@@ -21,6 +23,11 @@ Scenarios (:data:`SCENARIOS`), each on a fresh cluster:
 * ``hung`` (only when named): B's worker freezes (SIGSTOP) while its agent stays up, so no socket
   closes, torchrun's keep-alive goes on and the survivors' collective would wait for its timeout;
   the hook's heartbeat detects it.
+
+The bus is a fresh in-memory one and no scheduler is told, unless the caller passes
+:class:`~foreshock.mitigator.drill_mitigation.DrillParts` (``foreshock drill --bus kafka --scheduler
+slurm``); the nodes are then named after scheduler nodes (``DrillSettings.nodes``: A, B, C, D in
+that order).
 
 For each: steps lost (last step reached − step resumed from), the recovery time failure → first
 step split into detection → rendezvous → worker start → restore → first step, the restore source,
@@ -38,7 +45,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,16 +52,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from foreshock.ingest.bus import InMemoryBus
-from foreshock.ingest.contract import RiskScore
-from foreshock.ingest.stream import now_ms, publish
-from foreshock.mitigator.audit import AuditLog
-from foreshock.mitigator.channels import FileChannel
-from foreshock.mitigator.engine import MitigationEngine
-from foreshock.mitigator.executor import Executor
-from foreshock.mitigator.jobs import FileJobs
-from foreshock.mitigator.policy import ExpectedLossPolicy, PolicyConfig
-from foreshock.mitigator.service import MitigationService
+from foreshock.ingest.stream import now_ms
+from foreshock.mitigator.drill_mitigation import DrillMitigator, DrillParts
 
 __all__ = ["SCENARIOS", "DrillSettings", "ScenarioResult", "run_scenario", "run_drill"]
 
@@ -79,6 +77,13 @@ class DrillSettings:
     quiet_s: float = 90.0  # at most this long without a progress line (torch import and recovery included)
     python: str = sys.executable
     scenarios: tuple[str, ...] = SCENARIOS
+    nodes: tuple[str, ...] = ("A", "B", "C", "D")  # trainers A, B; spares C, D (pair_lost only)
+
+    def __post_init__(self) -> None:
+        need = 4 if "pair_lost" in self.scenarios else 3
+        if len(set(self.nodes)) != len(self.nodes) or len(self.nodes) < need:
+            raise ValueError(f"the drill needs {need} distinct node names for these scenarios, "
+                             f"got {', '.join(self.nodes) or 'none'}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,21 +238,29 @@ def _corrupt_replica(c: _Cluster, node: str) -> int:
     return header.step
 
 
-def run_scenario(work: Path, name: str, settings: DrillSettings | None = None) -> ScenarioResult:
+def run_scenario(work: Path, name: str, settings: DrillSettings | None = None,
+                 parts: DrillParts | None = None) -> ScenarioResult:
     """One drill scenario in ``work`` (see the module docstring)."""
     if name not in SCENARIOS + EXTRA_SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS + EXTRA_SCENARIOS)}")
     s = settings or DrillSettings()
+    a, b, spare, *more = s.nodes
     c = _Cluster(work, s)
     deadline = time.monotonic() + s.timeout_s
-    lost = ("A", "B") if name == "pair_lost" else ("B",)
-    spares = ("C", "D") if name == "pair_lost" else ("C",)
+    lost = (a, b) if name == "pair_lost" else (b,)
+    spares = (spare, more[0]) if name == "pair_lost" else (spare,)
     alert_ms = failure_ms = None
     extra: dict = {}
+    mitigator = None
+    if name in ("warned", "unwarned"):
+        mitigator = DrillMitigator(work, c.control, s.nodes, spare, parts or DrillParts(),
+                                   ack_timeout_s=max(5.0, s.timeout_s))
     try:
-        c.start("A")
-        c.start("B")
-        c.wait_for("A and B training", lambda ev: _max_step(ev) >= 2, deadline)
+        c.start(a)
+        c.start(b)
+        if mitigator is not None:
+            mitigator.start(deadline, (a, b))
+        c.wait_for(f"{a} and {b} training", lambda ev: _max_step(ev) >= 2, deadline)
         for spare in spares:
             c.start(spare)  # joins the redundancy list: a hot spare
         event_step = s.durable_every + s.event_after_steps
@@ -255,15 +268,15 @@ def run_scenario(work: Path, name: str, settings: DrillSettings | None = None) -
             event_step = 2 * s.durable_every  # wait for the next durable save to begin, then strike
         c.wait_for(f"step {event_step}", lambda ev: _max_step(ev) >= event_step - 1, deadline)
         if name == "warned":
-            alert_ms, failure_ms = _warn_and_migrate(c, deadline)
-            c.procs["B"].wait(timeout=max(1.0, deadline - time.monotonic()))
-            c.kill("B")  # the predicted failure lands
+            alert_ms, failure_ms = mitigator.warn(b, deadline)
+            c.procs[b].wait(timeout=max(1.0, deadline - time.monotonic()))
+            c.kill(b)  # the predicted failure lands
         elif name == "hung":
             failure_ms = now_ms()
-            c.freeze("B")  # no socket closes: only the heartbeat can tell
+            c.freeze(b)  # no socket closes: only the heartbeat can tell
         elif name == "during_snapshot":
             saving = c.wait_for("a durable snapshot in flight", lambda ev: next(
-                (e for e in ev if e.get("durable_started") and e["node"] == "B" and e["step"] >= event_step),
+                (e for e in ev if e.get("durable_started") and e["node"] == b and e["step"] >= event_step),
                 None), deadline)
             failure_ms = now_ms()
             for node in lost:
@@ -274,7 +287,7 @@ def run_scenario(work: Path, name: str, settings: DrillSettings | None = None) -
             for node in lost:
                 c.kill(node)
             if name == "corrupt_replica":
-                extra["corrupted_step"] = _corrupt_replica(c, "A")
+                extra["corrupted_step"] = _corrupt_replica(c, a)
 
         def resumed(ev: list[dict]) -> list[dict] | None:
             r = [e for e in ev if e["event"] == "resume" and e["ts_ms"] >= failure_ms]
@@ -284,7 +297,11 @@ def run_scenario(work: Path, name: str, settings: DrillSettings | None = None) -
             return r if _max_step(after) >= r[0]["step"] + s.resume_steps else None
 
         c.wait_for("training resumed", resumed, deadline, dead=lost)
+        if mitigator is not None:
+            extra["mitigation"] = mitigator.finish(deadline)
     finally:
+        if mitigator is not None:
+            mitigator.close()
         c.stop()
     events = _read(c.progress)
     result = _measure(name, events, failure_ms, alert_ms)
@@ -303,44 +320,6 @@ def run_scenario(work: Path, name: str, settings: DrillSettings | None = None) -
 
 def _with(r: ScenarioResult, **changes) -> ScenarioResult:
     return ScenarioResult(**{**asdict(r), **changes})
-
-
-def _warn_and_migrate(c: _Cluster, deadline: float) -> tuple[int, int]:
-    """Rising risk on B through the real mitigator; returns (alert ms, state safe / B leaves ms)."""
-    bus = InMemoryBus()
-    channel = FileChannel(c.control)
-    engine = MitigationEngine(
-        ExpectedLossPolicy(PolicyConfig(spare_nodes=("C",), restart_s=60.0, migration_s=5.0, confirm=2)),
-        jobs=FileJobs(c.control),
-        fleet_size=3,
-    )
-    executor = Executor(AuditLog(c.work / "audit.sqlite", bus=bus), channel=channel, acks=channel,
-                        ack_timeout_s=max(5.0, deadline - time.monotonic()))
-    service = MitigationService(bus, engine, executor)
-    stop = threading.Event()
-    thread = threading.Thread(target=service.run, args=(stop, 0.05), daemon=True)
-    thread.start()
-    alert_ms = 0
-    try:
-        for p in (0.45, 0.85, 0.95):
-            ts = now_ms()
-            alert = p >= 0.8
-            alert_ms = alert_ms or (ts if alert else 0)
-            publish(bus, [RiskScore(node="B", ts=ts, probability=p, alert=alert, threshold=0.8)])
-            time.sleep(0.05)
-        while not any(o.action.kind == "drain" for o in service.outcomes):
-            if time.monotonic() > deadline:
-                raise TimeoutError("drill: the mitigator did not migrate B in time")
-            time.sleep(0.05)
-    finally:
-        stop.set()
-        thread.join()
-        service.close()
-    migrate = next(o for o in service.outcomes if o.action.kind == "migrate")
-    if not migrate.succeeded:
-        raise RuntimeError(f"drill: migration failed: {migrate.detail}")
-    ack = json.loads((c.control / JOB / "acks" / f"{migrate.action.action_id}.json").read_text())
-    return alert_ms, ack["ts"]
 
 
 def _first(events: list[dict], pick) -> int | None:
@@ -428,16 +407,18 @@ def _tier_figures(progress: list[dict], results: list[ScenarioResult]) -> dict:
     }
 
 
-def run_drill(settings: DrillSettings | None = None, workdir: Path | None = None) -> dict:
+def run_drill(settings: DrillSettings | None = None, workdir: Path | None = None,
+              parts: DrillParts | None = None) -> dict:
     """Every scenario of ``settings``; the figures as a dict (the ``--json`` output)."""
     s = settings or DrillSettings()
+    p = parts or DrillParts()
     with tempfile.TemporaryDirectory(prefix="foreshock-drill-") as tmp:
         root = Path(workdir or tmp)
-        results = [run_scenario(root / name, name, s) for name in s.scenarios]
+        results = [run_scenario(root / name, name, s, p) for name in s.scenarios]
         progress = [e for name in s.scenarios for e in _read(root / name / "progress.jsonl")]
     by = {r.name: r for r in results}
     out: dict = {"state_mb": s.state_mb, "memory_every": s.memory_every, "durable_every": s.durable_every,
-                 **_tier_figures(progress, results)}
+                 "bus": p.bus_name, "scheduler": p.scheduler_name, **_tier_figures(progress, results)}
     for name in ("warned", "unwarned"):
         if name in by:
             out[f"{name}_steps_lost"] = by[name].steps_lost

@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 
 from foreshock.ingest.bus import Bus, Message
@@ -62,6 +62,7 @@ class MitigationService:
         metrics: MitigatorMetrics | None = None,
         audit_retry_s: float = 5.0,
         reconcile_every_s: float = 30.0,
+        consumer_config: Mapping[str, object] | None = None,
     ):
         if reconcile_every_s < 0:
             raise ValueError("reconcile_every_s must be >= 0 (0: only at the cold start)")
@@ -81,9 +82,8 @@ class MitigationService:
         self._reading: tuple[Future, dict[str, NodeView], set[str]] | None = None
         self.cold_start = self._cold_start()
         self._next_read = executor.monotonic() + reconcile_every_s
-        self.stream = RecordStream(
-            bus, bus.consumer(group, [Topic.RISK, Topic.NODE_EVENTS, Topic.MITIGATION])
-        )
+        topics = [Topic.RISK, Topic.NODE_EVENTS, Topic.MITIGATION]  # consumer_config: where a group starts
+        self.stream = RecordStream(bus, bus.consumer(group, topics, **dict(consumer_config or {})))
 
     def handle(self, record: RiskScore | NodeEvent | MitigationEvent) -> list[Outcome]:
         """Plan for one record and run what is due (an executor without workers acts at once).

@@ -17,6 +17,7 @@ import typer
 
 from foreshock.commands.durations import option_seconds as _seconds
 from foreshock.mitigator.drill import COMPONENTS, EXTRA_SCENARIOS, SCENARIOS, DrillSettings, run_drill
+from foreshock.mitigator.drill_mitigation import DrillParts
 
 __all__ = ["register"]
 
@@ -27,7 +28,12 @@ class SchedulerName(StrEnum):
     none = "none"
 
 
-def _scheduler(name: SchedulerName, kube_selector: str | None, timeout_s: float):
+class BusName(StrEnum):
+    memory = "memory"
+    kafka = "kafka"
+
+
+def _scheduler(name: SchedulerName, kube_selector: str | None, timeout_s: float, command: str = "mitigate"):
     """The adapter by name; a cluster that cannot be configured is one line on stderr, exit 1."""
     from foreshock.mitigator.schedulers import SCHEDULERS
 
@@ -40,7 +46,7 @@ def _scheduler(name: SchedulerName, kube_selector: str | None, timeout_s: float)
             try:
                 config.load_kube_config()
             except (config.ConfigException, OSError) as exc:
-                _fail(f"no Kubernetes configuration (in-cluster or kubeconfig): {exc}")
+                _fail(f"no Kubernetes configuration (in-cluster or kubeconfig): {exc}", command)
         api = client.CoreV1Api()
         return SCHEDULERS["kubernetes"](api=api, pod_selector=kube_selector, timeout_s=timeout_s)
     if name is SchedulerName.slurm:
@@ -48,8 +54,8 @@ def _scheduler(name: SchedulerName, kube_selector: str | None, timeout_s: float)
     return SCHEDULERS[name.value]()
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"foreshock mitigate: {message}", err=True)
+def _fail(message: str, command: str = "mitigate") -> None:
+    typer.echo(f"foreshock {command}: {message}", err=True)
     raise typer.Exit(1)
 
 
@@ -204,6 +210,16 @@ def drill(
     scenarios: str = typer.Option(",".join(SCENARIOS), "--scenarios",
                                   help=f"comma-separated scenarios; also: {', '.join(EXTRA_SCENARIOS)}"),
     workdir: Path | None = typer.Option(None, "--workdir", help="keep logs and snapshots here"),
+    bus: BusName = typer.Option(BusName.memory, "--bus", help="where risk scores and the audit travel"),
+    kafka: str | None = typer.Option(None, "--kafka", help="Kafka bootstrap host:port (with --bus kafka)"),
+    scheduler: SchedulerName = typer.Option(SchedulerName.none, "--scheduler",
+                                            help="who drains the warned node"),
+    nodes: str = typer.Option("A,B,C,D", "--nodes",
+                              help="the drill's node names: two trainers, then the spares (with "
+                                   "--scheduler, nodes the scheduler knows; D only for pair_lost)"),
+    kube_selector: str | None = typer.Option(None, "--kube-selector",
+                                             help="label selector of the pods to evict"),
+    scheduler_timeout: str = typer.Option("15s", "--scheduler-timeout", help="bound on each scheduler call"),
 ) -> None:
     """Fire drill: a torchrun job on this machine loses nodes, warned and not; print each recovery."""
     names = tuple(n.strip() for n in scenarios.split(",") if n.strip())
@@ -212,9 +228,21 @@ def drill(
         raise typer.BadParameter(f"unknown scenario(s) {', '.join(unknown)}; known: "
                                  f"{', '.join(SCENARIOS + EXTRA_SCENARIOS)}",
                                  param_hint="--scenarios")
-    settings = DrillSettings(state_mb=state_mb, memory_every=memory_every, durable_every=durable_every,
-                             step_seconds=step_seconds, scenarios=names)
-    result = run_drill(settings, workdir=workdir)
+    try:
+        settings = DrillSettings(state_mb=state_mb, memory_every=memory_every, durable_every=durable_every,
+                                 step_seconds=step_seconds, scenarios=names,
+                                 nodes=tuple(n.strip() for n in nodes.split(",") if n.strip()))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--nodes") from None
+    if bus is BusName.kafka and not kafka:
+        raise typer.BadParameter("--bus kafka needs --kafka HOST:PORT", param_hint="--kafka")
+    timeout_s = _seconds(scheduler_timeout, "--scheduler-timeout")
+    parts = _drill_parts(bus, kafka, scheduler, kube_selector, timeout_s)
+    try:
+        result = run_drill(settings, workdir=workdir, parts=parts)
+    finally:
+        if parts.bus is not None:
+            parts.bus.close()
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -228,6 +256,20 @@ def drill(
                    f"{r['restore_source'] or '-':>8} {'yes' if r['bit_exact'] else 'NO':>6}  {parts}")
     bw = ", ".join(f"{k} {v} GB/s" for k, v in result["bandwidth_gb_per_s"].items() if v is not None)
     typer.echo(f"bandwidths: {bw}")
+
+
+def _drill_parts(bus: BusName, kafka: str | None, scheduler: SchedulerName, kube_selector: str | None,
+                 timeout_s: float) -> DrillParts:
+    """The drill's bus and scheduler: a broker that others share is read from its end only."""
+    from foreshock.commands.brokers import connect_kafka
+
+    sched = None
+    if scheduler is not SchedulerName.none:
+        sched = _scheduler(scheduler, kube_selector, timeout_s, command="drill")
+    if bus is BusName.memory:
+        return DrillParts(scheduler=sched, scheduler_name=scheduler.value)
+    return DrillParts(bus=connect_kafka(kafka, "drill"), bus_name="kafka", scheduler=sched,
+                      scheduler_name=scheduler.value, consumer_config={"auto_offset_reset": "latest"})
 
 
 def register(app: typer.Typer) -> None:

@@ -5,15 +5,27 @@ for bit as an uninterrupted run: a warned migration (no step lost, B's state fro
 memory), a node killed without warning (from memory and the buddy's copy), both members of a buddy
 pair killed (durable tier), a corrupted replica (caught by its CRC, durable tier), and a node
 killed while a durable snapshot is being written (never marked complete; memory tier).
+
+The warned and unwarned scenarios also run on real parts: risk scores and the audit over a real Kafka
+broker, the warned node drained through a real Slurm (munged, slurmctld, slurmd) and through the
+Kubernetes stand-in API server (tests/fixtures/kube.py, driven by the official client), each with a
+small state so that the run stays within a few minutes on two cores.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import os
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from foreshock.ingest.contract import Topic
+from tests.integration.test_predictor_kafka import TopicReader
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -89,3 +101,74 @@ def test_a_node_lost_while_a_snapshot_is_written_never_marks_it_complete(drill):
     # from memory, newer than the last complete durable snapshot (the kill may land before this
     # step's memory copy is replicated, and then the job resumes a step or two earlier)
     assert s["resumed_from"] > DURABLE_EVERY and s["steps_lost"] <= 2 * MEMORY_EVERY + 1, s
+
+
+def run_drill_on(work: Path, env: dict[str, str], *args: str) -> dict:
+    cmd = [sys.executable, "-m", "foreshock", "drill", "--json", "--state-mb", "8", "--workdir", str(work),
+           *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def drains_planned(audit: Path) -> int:
+    db = sqlite3.connect(f"file:{audit}?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT COUNT(*) FROM mitigation_events WHERE action='drain' AND status='planned'"
+                          ).fetchone()[0]
+    finally:
+        db.close()
+
+
+@pytest.mark.integration
+def test_the_drill_runs_through_a_real_broker_and_a_real_slurm(kafka_bootstrap, slurm_cluster, tmp_path):
+    events = TopicReader(kafka_bootstrap, Topic.MITIGATION)
+    mark = events.mark()
+    result = run_drill_on(tmp_path, slurm_cluster.env, "--bus", "kafka", "--kafka", kafka_bootstrap,
+                          "--scheduler", "slurm", "--nodes", "node1,node2,node3",
+                          "--scenarios", "warned,unwarned")
+    assert (result["bus"], result["scheduler"]) == ("kafka", "slurm")
+    warned, unwarned = _scenario(result, "warned"), _scenario(result, "unwarned")
+    assert warned["resumed_nodes"] == ["node1", "node3"] and warned["restore_source"] == "peer"
+    assert warned["steps_lost"] == 0 and warned["bit_exact"]
+    m = warned["extra"]["mitigation"]
+    assert m["actions"] == [["migrate", "node2", "succeeded"], ["drain", "node2", "succeeded"]]
+    assert m["drained"] == ["node2"] and m["returned"] is True  # sinfo showed it drained, then back
+    assert m["records"] >= 3  # the rising risk came over the broker
+    audit = [e for e in events.since(mark) if e.node == "node2"]  # the audit's copy on the broker
+    assert {(e.action, e.status) for e in audit} >= {("drain", "succeeded"), ("undrain", "succeeded")}
+    assert drains_planned(tmp_path / "warned" / "audit.sqlite") == 1  # the breaker's limit: one
+    u = unwarned["extra"]["mitigation"]
+    assert unwarned["restore_source"] == "peer" and unwarned["resumed_nodes"] == ["node1", "node3"]
+    assert u["actions"] == [] and u["drained"] == [] and u["records"] >= 1  # no warning: nothing done
+    assert all(state == "idle" for state in slurm_cluster.states().values())  # left as it was found
+
+
+@pytest.mark.integration
+def test_the_drill_drains_through_the_kubernetes_stand_in(kafka_bootstrap, api_server, tmp_path):
+    gpu3 = copy.deepcopy(api_server.nodes["gpu-2"])
+    gpu3["metadata"]["name"] = "gpu-3"
+    api_server.nodes["gpu-3"] = gpu3  # the spare
+    kubeconfig = tmp_path / "kubeconfig.json"
+    server = f"http://127.0.0.1:{api_server.server_address[1]}"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+        "clusters": [{"name": "stand-in", "cluster": {"server": server}}],
+        "users": [{"name": "drill", "user": {}}],
+        "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "drill"}}],
+    }))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE")}
+    result = run_drill_on(tmp_path / "work", {**env, "KUBECONFIG": str(kubeconfig)}, "--bus", "kafka",
+                          "--kafka", kafka_bootstrap, "--scheduler", "kubernetes",
+                          "--nodes", "gpu-1,gpu-2,gpu-3", "--kube-selector", "foreshock.io/job=llm",
+                          "--scenarios", "warned")
+    warned = _scenario(result, "warned")
+    assert warned["steps_lost"] == 0 and warned["resumed_nodes"] == ["gpu-1", "gpu-3"]
+    m = warned["extra"]["mitigation"]
+    assert m["actions"][-1] == ["drain", "gpu-2", "succeeded"] and m["drained"] == ["gpu-2"]
+    assert m["returned"] is True
+    assert ("POST", "/api/v1/namespaces/train/pods/llm-1/eviction") in {r[:2] for r in api_server.requests}
+    node = api_server.nodes["gpu-2"]  # cordoned, tainted and evicted, then returned on 'repaired'
+    assert not node["spec"]["unschedulable"] and "foreshock.io/failure-risk" not in {
+        t["key"] for t in node["spec"]["taints"]}
+    assert [n for n, v in api_server.nodes.items() if v["spec"].get("unschedulable")] == []
