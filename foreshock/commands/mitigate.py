@@ -85,7 +85,9 @@ def mitigate(
         "--breaker-share",
         help="share of the fleet drained within --breaker-window that stops new drains",
     ),
-    breaker_window: str = typer.Option("1h", "--breaker-window"),
+    breaker_window: str = typer.Option(
+        "1h", "--breaker-window", help="sliding window the breaker counts drains over"
+    ),
     reset_breaker: bool = typer.Option(
         False, "--reset-breaker", help="publish an (audited) reset of a tripped circuit breaker and exit"
     ),
@@ -106,7 +108,9 @@ def mitigate(
     metrics_port: int = typer.Option(
         9403, "--metrics-port", help="port of /metrics, /status, /readyz; 0: off"
     ),
-    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host"),
+    metrics_host: str = typer.Option(
+        "127.0.0.1", "--metrics-host", help="address of /metrics, /status, /readyz"
+    ),
     kube_selector: str | None = typer.Option(
         None, "--kube-selector", help="label selector of job pods to evict"
     ),
@@ -196,6 +200,7 @@ def mitigate(
         if status is not None:
             status.stop()
         service.close()
+        audit_log.close()  # a clean close leaves no WAL behind
         bus.close()
 
 

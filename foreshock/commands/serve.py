@@ -45,8 +45,8 @@ def serve(
                                      help="Kafka bootstrap host:port; omitted: the in-memory bus"),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                                             help="MLflow tracking URI (for models:/ URIs)"),
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8080, "--port"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address the risk API listens on"),
+    port: int = typer.Option(8080, "--port", help="port of the risk API"),
     score_every: str = typer.Option("10s", "--score-every", help="scoring period, in event time"),
     lateness: str = typer.Option("0s", "--lateness",
                                  help="how far a record may trail its log and still count"),
@@ -55,7 +55,8 @@ def serve(
         "its log than --lateness + --tolerance is dead-lettered"),
     future_tolerance: str = typer.Option(
         "5m", "--future-tolerance",
-        help="a record dated more than this after its receipt (wall clock) is dead-lettered"),
+        help="a record dated more than this after its receipt (its log time, capped by the clock) is "
+        "dead-lettered"),
     max_lag: int = typer.Option(10_000, "--max-lag", min=0,
                                 help="messages behind the topics beyond which /readyz answers 503"),
     max_body: str = typer.Option("1MiB", "--max-body",
@@ -75,7 +76,7 @@ def serve(
                                        help="without --kafka: nodes of the simulated cluster fed to the bus"),
     speed: float = typer.Option(60.0, "--speed", min=0.0,
                                 help="without --kafka: simulated seconds per real second (0: flat out)"),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error"),
 ) -> None:
     """Consume telemetry, score every node each period, publish risk.scores, serve the risk API."""
     import uvicorn

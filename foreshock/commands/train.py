@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
             "alone on validation (0: trees alone)",
         ),
         no_register: bool = typer.Option(False, "--no-register", help="skip MLflow logging and registration"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = typer.Option(0, "--seed", help="seed of subsampling and LightGBM: same seed, same model"),
     ) -> None:
         """Train the LightGBM risk model and its baselines; print model vs baselines."""
         from foreshock.models.registry import sqlite_uri
