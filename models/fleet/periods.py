@@ -54,6 +54,7 @@ def mtbf_by_period(records: pd.DataFrame, freq: str = "QS", title: str | None = 
     ax = figure.subplots()
     shown = out["system_mtbf_hours"].replace(np.inf, np.nan)
     ax.bar(out["period_start"], shown, width=(out["period_end"] - out["period_start"]) * 0.9, align="edge")
+    ax.set_yscale("log")  # quiet and bad periods differ by orders of magnitude
     ax.set_ylabel("system MTBF (hours)")
     ax.set_xlabel("period")
     ax.set_title(title or f"System MTBF per period ({freq})")

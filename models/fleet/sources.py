@@ -18,7 +18,7 @@ import pandas as pd
 from foreshock.ingest.simulator.calibration import INFINITEHBD_DAYS, INFINITEHBD_SERVERS, cause_of
 from foreshock.models.fleet.records import validate
 
-__all__ = ["CRAY_LEVELS", "cray_location", "load_titan", "load_infinitehbd", "TRACE_ORIGIN"]
+__all__ = ["CRAY_LEVELS", "cray_location", "oak_ridge_time", "load_titan", "load_infinitehbd", "TRACE_ORIGIN"]
 
 CRAY_LEVELS: Final = ("col", "row", "cage", "slot", "node")
 """A Cray cname's levels: cabinet column and row, cage in the cabinet (0 = bottom), slot (blade), node."""
@@ -57,8 +57,8 @@ def load_titan(path: str | Path) -> pd.DataFrame:
     (which settles the hour a clock change makes ambiguous).
     """
     raw = pd.read_csv(path, dtype={"SN": str, "location": str, "event": str})
-    raw["insert"] = _eastern(raw["insert"])
-    raw["remove"] = _eastern(raw["remove"])
+    raw["insert"] = oak_ridge_time(raw["insert"])
+    raw["remove"] = oak_ridge_time(raw["remove"])
     lives = _one_place_at_a_time(raw[raw["insert"].notna()])
     more = raw[raw["insert"].isna() & raw["event"].notna()]
     attached = more.merge(lives[["SN", "location", "insert", "remove"]].reset_index(),
@@ -81,7 +81,7 @@ def load_titan(path: str | Path) -> pd.DataFrame:
     return pd.concat([records, cray_location(records["location"])], axis=1)
 
 
-def _eastern(local: pd.Series) -> pd.Series:
+def oak_ridge_time(local: pd.Series) -> pd.Series:
     """Oak Ridge wall-clock times -> UTC (an ambiguous fall-back hour is read as daylight time)."""
     return pd.to_datetime(local).dt.tz_localize(_TITAN_ZONE, ambiguous=True, nonexistent="shift_forward") \
         .dt.tz_convert("UTC")

@@ -143,3 +143,42 @@ def test_model_report(dataset: Path, tmp_path: Path) -> None:
     assert len(pngs(nb)) == 5 + len(explained)  # four report plots + recall by cause + explanations
     oracle = [o["data"]["text/plain"] for o in nb.cells[-2].outputs if "text/plain" in o.get("data", {})]
     assert oracle and "intensity oracle" in oracle[0] and "caught_15_minutes_ahead" in oracle[0]
+
+
+def test_fleet_reliability_matches_the_titan_study_and_the_trace() -> None:
+    """The fleet notebook on the real Titan data and the real trace. Its figures are checked
+    against the study's published tables (gc_summary_loc.csv, titan.service.txt); the paper's
+    text is not in the reference material, so no figure of the paper itself is asserted."""
+    nb, titles = run_notebook("fleet_reliability.ipynb", {
+        "TITAN": "titan", "TITAN_SUMMARY": "titan-summary", "TITAN_SERVICE": "titan-service",
+        "TRACE": "infinitehbd"})
+    assert len(pngs(nb)) == 9
+    assert titles["fig_batch"][0] == "Titan GPU survival by batch"
+    assert titles["fig_cage"][0] == "Old-batch GPU survival by cage (0 = bottom of the cabinet)"
+    assert titles["fig_hazard"][0].startswith("Titan GPU hazard ratio by location")
+    assert titles["fig_mtbf"][0] == "Titan system MTBF per quarter (GPU failures)"
+    assert titles["fig_repeat"][0].startswith("InfiniteHBD: another fault within W of a repair")
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    checks = json.loads(printed.split("FLEET_CHECKS=", 1)[1].splitlines()[0])
+
+    for row in checks["counts"]:  # per cage, slot and node
+        assert row["positions_layout"] - 1 <= row["positions"] <= row["positions_layout"], row
+        assert row["gpus"] == row["study_gpus"], row
+        assert abs(row["failed"] - row["study_failed"]) <= 4, row
+    hazards = {(h["covariate"], h["level"]): h for h in checks["hazards"]}
+    for h in hazards.values():  # the same model on the raw lives and on the study's table
+        assert h["lower_study"] <= h["hazard_ratio"] <= h["upper_study"], h
+        assert h["hazard_ratio"] == pytest.approx(h["hazard_ratio_study"], rel=0.02), h
+    # up the airflow, each cage fails more than the one below it, by several times
+    assert 3.0 < hazards[("cage", "1")]["upper"] and hazards[("cage", "1")]["lower"] > 3.0
+    assert hazards[("cage", "2")]["lower"] > hazards[("cage", "1")]["upper"]
+    quarters = checks["quarters"]
+    assert len(quarters) == 24  # 2013-11-19 (first install) to 2019-08-01, in calendar quarters
+    for q in quarters:  # GPU deaths per quarter: Foreshock's reading of the lives against the study's
+        assert abs(q["failures_deaths"] - q["failures_deaths_study"]) <= 3, q
+    worst = min(quarters, key=lambda q: q["system_mtbf_hours"])
+    assert worst["period_end"].startswith("2017-01-01") and worst["system_mtbf_hours"] < 3.0
+    repeat = {r["window"]: r for r in checks["repeat"]}
+    assert repeat["1 days 00:00:00"]["p_refault"] == pytest.approx(0.224, abs=0.005)
+    assert repeat["7 days 00:00:00"]["p_refault"] == pytest.approx(0.313, abs=0.005)
+    assert repeat["7 days 00:00:00"]["base_rate"] < 0.03

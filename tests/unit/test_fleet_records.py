@@ -11,6 +11,7 @@ import pytest
 
 from foreshock.models.fleet.records import COLUMNS, FleetRecordError, read_csv, unit_lifetimes, validate
 from foreshock.models.fleet.sources import cray_location, load_infinitehbd, load_titan
+from foreshock.models.fleet.titan import deaths, location_counts, read_service_nodes, read_study_summary
 from foreshock.shipped import trace
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fleet"
@@ -128,3 +129,16 @@ def test_infinitehbd_spells_cover_every_server_and_every_fault() -> None:
     nxt = records.groupby("unit")["install_time"].shift(-1)
     repaired = failures.index
     assert (nxt[repaired] == records.loc[repaired, "repaired_time"]).all()
+
+
+def test_titan_positions_per_level_are_the_layout_less_the_service_nodes(titan: pd.DataFrame) -> None:
+    study = read_study_summary(trace("titan-summary"))
+    service = read_service_nodes(trace("titan-service"))
+    assert len(service) == 512
+    counts = location_counts(unit_lifetimes(titan), study, service, titan).set_index(["level", "value"])
+    assert counts.loc["cage", "positions_layout"].tolist() == [6400 - 192, 6400 - 160, 6400 - 160]
+    assert counts["positions"].sum() == 3 * 18_687  # one position of cage 1 never held a GPU
+    assert (counts["gpus"] == counts["study_gpus"]).all()
+    assert counts.loc["cage", "study_failed"].tolist() == [1109, 1762, 2218]
+    died = deaths(study)
+    assert (~died["censored"]).sum() == 5089 and len(died) == 30_207
