@@ -29,7 +29,9 @@ def profile_path(name_or_path: str) -> Path:
 
 
 def simulate(
-    profile: str = typer.Option("llama3", help="Shipped profile name (llama3, infinitehbd) or a TOML path."),
+    profile: str = typer.Option(
+        "llama3", help="Shipped profile name (llama3, infinitehbd, infinitehbd-refault) or a TOML path."
+    ),
     nodes: int = typer.Option(128, min=1, help="Number of nodes."),
     days: float = typer.Option(7.0, min=0.0, help="Simulated days."),
     duration: str = typer.Option(None, help="Simulated duration instead of --days (e.g. 6h, 90m)."),

@@ -7,6 +7,11 @@ The trace (stepfun-ai/InfiniteHBD-Trace ``fault_trace.json``) lists ``fault_star
 share and lognormal repair-time fit (median hours, sigma of log hours), and the rate per
 GPU-day, which is what the profile ships. ``python -m foreshock.ingest.simulator.calibration TRACE``
 prints them.
+
+Repeat failures (a profile's ``[refault]`` table) are fitted by :func:`fit_refault` to the trace's
+repeat-failure curve, P(another fault within W of a repair), which ``foreshock.models.fleet``
+measures from the trace's records: ``python -m foreshock.models.fleet.refault TRACE`` prints
+the table (``datasets/profiles/infinitehbd-refault.toml``).
 """
 
 from __future__ import annotations
@@ -14,13 +19,18 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+from scipy.optimize import least_squares
+from scipy.special import ndtr
 
-__all__ = ["INFINITEHBD_CAUSES", "CauseFit", "TraceSummary", "summarize_trace"]
+from foreshock.ingest.simulator.profile import Refault
+
+__all__ = ["INFINITEHBD_CAUSES", "CauseFit", "TraceSummary", "summarize_trace", "refault_toml",
+           "refault_curve", "fit_refault"]
 
 INFINITEHBD_SERVERS: Final = 400
 INFINITEHBD_DAYS: Final = 349
@@ -115,6 +125,51 @@ def summarize_trace(
             )
         )
     return TraceSummary(total, total / (servers * days * gpus_per_server), tuple(fits))
+
+
+def refault_toml(refault: Refault) -> str:
+    """A ``[refault]`` table as TOML, ready to paste into a profile."""
+    return "[refault]\n" + "".join(f"{f.name} = {getattr(refault, f.name):.4g}\n" for f in fields(refault))
+
+
+def refault_curve(
+    refault: Refault, hours: np.ndarray, failures_per_day: float, down_days: float
+) -> np.ndarray:
+    """P(a node fails again within ``hours`` of a repair) under the simulator's refault model.
+
+    A repair fails with probability p and the node fails again after a lognormal delay;
+    otherwise the node fails at its own Poisson rate (a lemon's m times a healthy node's). The
+    healthy rate is the one that keeps the cluster at ``failures_per_day`` per node-day up, each
+    failure taking ``down_days`` to repair, as the simulator sets it.
+    """
+    p = refault.failed_repair_probability
+    hours = np.asarray(hours, dtype=float)
+    first = refault.first_failure_rate(failures_per_day, down_days) / 24.0
+    lemons = refault.lemon_repair_share(first * 24.0, down_days)
+    delay = ndtr((np.log(hours) - np.log(refault.failed_repair_median_hours))
+                 / max(refault.failed_repair_sigma, 1e-9))
+    m = refault.lemon_rate_multiplier
+    own = lemons * -np.expm1(-m * first * hours) + (1.0 - lemons) * -np.expm1(-first * hours)
+    return p * delay + (1.0 - p) * own
+
+
+_REFAULT_START: Final = (0.2, 1.5, 1.5, 0.05, 10.0)
+_REFAULT_BOUNDS: Final = ([0.0, 0.05, 0.1, 0.0, 1.0], [0.9, 48.0, 4.0, 0.5, 200.0])
+
+
+def fit_refault(
+    hours: np.ndarray, observed: np.ndarray, failures_per_day: float, down_days: float
+) -> Refault:
+    """The ``[refault]`` table whose :func:`refault_curve` is closest (least squares) to an observed
+    repeat-failure curve, for a cluster failing ``failures_per_day`` per node-day up with repairs
+    of ``down_days`` on average (the profile's ``mean_repair_days`` over the trace's span)."""
+    hours, observed = np.asarray(hours, dtype=float), np.asarray(observed, dtype=float)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return refault_curve(Refault(*x), hours, failures_per_day, down_days) - observed
+
+    result = least_squares(residuals, np.array(_REFAULT_START), bounds=_REFAULT_BOUNDS)
+    return Refault(*(float(v) for v in result.x))
 
 
 def main(path: str) -> None:

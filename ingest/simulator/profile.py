@@ -33,14 +33,32 @@ Keys (``*`` = required; every other key has the default shown)::
       diurnal_amplitude = 0.05           # relative swing of GPU load over a day
       noisy_gpu_fraction = 0.03          # healthy GPUs with a high background of corrected errors
       missing_scrape_fraction = 0.0      # node scrapes lost (no GPU or link rows for that instant)
+    [refault]                            # optional: repeat failures; without it a repair is perfect
+    * failed_repair_probability = 0.2    # a repair that does not fix the node: same cause again soon
+    * failed_repair_median_hours = 1.5   # lognormal delay from the return to that refault
+    * failed_repair_sigma = 1.5          # sigma of log(delay hours)
+    * lemon_fraction = 0.05              # nodes that fail lemon_rate_multiplier times as often
+    * lemon_rate_multiplier = 10.0       # (>= 1)
+
+``interruptions_per_gpu_day`` stays the rate of all interruptions: with a ``[refault]`` table
+the simulator lowers a healthy node's own failure rate so that, refaults and lemons included
+(and lemons' longer time in repair), the cluster fails as often per day up as the profile says.
+
+``extends = "name"`` (top level) starts from the profile ``name.toml`` in the same folder: each
+table this file gives replaces that profile's table of the same name (``[[failure]]`` as a
+whole), so a variant adds a ``[refault]`` table without copying the failure classes.
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+
+import numpy as np
+from scipy.special import ndtr
 
 __all__ = [
     "PRECURSORS",
@@ -48,8 +66,10 @@ __all__ = [
     "FailureClass",
     "Cluster",
     "Noise",
+    "Refault",
     "Profile",
     "parse_profile",
+    "read_profile_data",
     "load_profile",
 ]
 
@@ -100,17 +120,85 @@ class Noise:
 
 
 @dataclass(frozen=True, slots=True)
+class Refault:
+    """Repeat failures: repairs that do not fix the node, and nodes that keep failing."""
+
+    failed_repair_probability: float
+    failed_repair_median_hours: float
+    failed_repair_sigma: float
+    lemon_fraction: float
+    lemon_rate_multiplier: float
+
+    def mean_delay_days(self) -> float:
+        """Mean time from a failed repair's return to its refault (a lognormal's mean)."""
+        return self.failed_repair_median_hours * math.exp(self.failed_repair_sigma**2 / 2) / 24.0
+
+    def _cycle(self, rate: float, down_days: float) -> tuple[float, float]:
+        """Mean (up, up + down) days per failure of a node whose own failures come at ``rate``
+        per day up: after each repair, a refault with probability p, else its own next failure."""
+        p = self.failed_repair_probability
+        up = p * self.mean_delay_days() + (1.0 - p) / rate
+        return up, up + down_days
+
+    def fleet_rate(self, first_rate: float, down_days: float) -> float:
+        """Failures per node-day up, refaults and lemons included, when a healthy node's own
+        failures come at ``first_rate`` per day up and each takes ``down_days`` to repair."""
+        f, m = self.lemon_fraction, self.lemon_rate_multiplier
+        up_n, cycle_n = self._cycle(first_rate, down_days)
+        up_l, cycle_l = self._cycle(m * first_rate, down_days)
+        failures = (1.0 - f) / cycle_n + f / cycle_l
+        return failures / ((1.0 - f) * up_n / cycle_n + f * up_l / cycle_l)
+
+    def first_failure_rate(self, failures_per_day: float, down_days: float) -> float:
+        """The healthy node's own failure rate (per day up) that makes the fleet fail at
+        ``failures_per_day`` per node-day up (bisection; :meth:`fleet_rate` grows with it)."""
+        lo, hi = failures_per_day * 1e-6, failures_per_day * 10.0
+        for _ in range(200):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if self.fleet_rate(mid, down_days) < failures_per_day else (lo, mid)
+        return math.sqrt(lo * hi)
+
+    def lemon_repair_share(self, first_rate: float, down_days: float) -> float:
+        """Share of all repairs that are a lemon's (lemons fail more, and so are down more)."""
+        f, m = self.lemon_fraction, self.lemon_rate_multiplier
+        lemon = f / self._cycle(m * first_rate, down_days)[1]
+        return lemon / (lemon + (1.0 - f) / self._cycle(first_rate, down_days)[1])
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     name: str
     description: str
     cluster: Cluster
     failures: tuple[FailureClass, ...]
     noise: Noise
+    refault: Refault | None = None
+
+    def mean_repair_days(self, horizon_days: float) -> float:
+        """Mean down time per failure seen in a run of ``horizon_days``: the failure classes'
+        lognormal repair times, by share, each cut at the end of the run from a failure time
+        uniform over it (the lognormals' own means are dominated by repairs no run sees)."""
+        remaining = (np.arange(_HORIZON_POINTS) + 0.5) / _HORIZON_POINTS * horizon_days * 24.0
+        hours = sum(f.share * _lognormal_mean_below(f.repair_median_hours, f.repair_sigma, remaining).mean()
+                    for f in self.failures)
+        return float(hours) / 24.0
 
     def node_failures_per_day(self, rate_multiplier: float | None = None) -> float:
         """Failure rate of one up node: GPUs per node x rate per GPU-day x multiplier."""
         mult = self.cluster.rate_multiplier if rate_multiplier is None else rate_multiplier
         return self.cluster.gpus_per_node * self.cluster.interruptions_per_gpu_day * mult
+
+
+_HORIZON_POINTS: Final = 256
+
+
+def _lognormal_mean_below(median: float, sigma: float, cap: np.ndarray) -> np.ndarray:
+    """E[min(X, cap)] for X lognormal(log median, sigma), at each cap."""
+    if sigma == 0:
+        return np.minimum(median, cap)
+    mu, log_cap = math.log(median), np.log(cap)
+    return (math.exp(mu + sigma**2 / 2) * ndtr((log_cap - mu - sigma**2) / sigma)
+            + cap * (1.0 - ndtr((log_cap - mu) / sigma)))
 
 
 def _check(key: str, value: Any, kind: str) -> Any:
@@ -205,14 +293,22 @@ _NOISE: Final = {
     "noisy_gpu_fraction": ("prob", 0.03),
     "missing_scrape_fraction": ("prob", 0.0),
 }
+_REFAULT: Final = {
+    "failed_repair_probability": ("prob", _REQUIRED),
+    "failed_repair_median_hours": ("float+", _REQUIRED),
+    "failed_repair_sigma": ("float0", _REQUIRED),
+    "lemon_fraction": ("prob", _REQUIRED),
+    "lemon_rate_multiplier": ("float+", _REQUIRED),
+}
+_TABLES: Final = ("description", "cluster", "failure", "noise", "refault")
 _SHARE_TOLERANCE: Final = 1e-3
 
 
 def parse_profile(data: dict[str, Any], name: str) -> Profile:
     """Build a :class:`Profile` from parsed TOML, or raise :class:`ProfileError` naming the key."""
-    unknown = sorted(set(data) - {"description", "cluster", "failure", "noise"})
+    unknown = sorted(set(data) - set(_TABLES))
     if unknown:
-        raise ProfileError(f"{unknown[0]}: unknown key (known: description, cluster, failure, noise)")
+        raise ProfileError(f"{unknown[0]}: unknown key (known: {', '.join(_TABLES)}, extends)")
     description = _check("description", data.get("description", ""), "str")
     c = _take(data.get("cluster", {}), "cluster", _CLUSTER)
     c["ib_ports_per_node"] = c["ib_ports_per_node"] or c["gpus_per_node"]
@@ -246,18 +342,46 @@ def parse_profile(data: dict[str, Any], name: str) -> Profile:
     if "noise" not in data:
         raise ProfileError("noise: missing required table")
     noise = Noise(**_take(data["noise"], "noise", _NOISE))
-    return Profile(name=name, description=description, cluster=cluster, failures=tuple(failures), noise=noise)
+    refault = None
+    if "refault" in data:
+        refault = Refault(**_take(data["refault"], "refault", _REFAULT))
+        if refault.lemon_rate_multiplier < 1:
+            raise ProfileError(f"refault.lemon_rate_multiplier: expected a number >= 1 "
+                               f"(got {refault.lemon_rate_multiplier!r})")
+        if refault.failed_repair_probability >= 1:
+            raise ProfileError("refault.failed_repair_probability: expected a number < 1 (got 1.0)")
+    return Profile(name=name, description=description, cluster=cluster, failures=tuple(failures),
+                   noise=noise, refault=refault)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such profile file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{path}: not valid TOML: {exc}") from None
+
+
+def read_profile_data(path: str | Path) -> dict[str, Any]:
+    """A profile file's TOML as a dict, ``extends`` resolved (one level: the base may not extend)."""
+    path = Path(path)
+    data = _read_toml(path)
+    base_name = data.pop("extends", None)
+    if base_name is None:
+        return data
+    if not isinstance(base_name, str) or not base_name:
+        raise ProfileError(f"{path.name}: extends: expected a profile name (got {base_name!r})")
+    base = _read_toml(path.with_name(f"{base_name}.toml"))
+    if "extends" in base:
+        raise ProfileError(f"{path.name}: extends: {base_name!r} extends another profile (one level only)")
+    return {**base, **data}
 
 
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a TOML profile file; the profile's name is the file's stem."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such profile file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"{path}: not valid TOML: {exc}") from None
+    data = read_profile_data(path)
     try:
         return parse_profile(data, path.stem)
     except ProfileError as exc:

@@ -5,7 +5,11 @@ telemetry, so the ground truth does not depend on how the telemetry is chunked. 
 with the number of failures (a few per node-year), not with the number of samples.
 
 Each node fails as a Poisson process while it is up: after a failure it is down until repair
-(lognormal repair time of the failure's class) and cannot fail again before. A detectable
+(lognormal repair time of the failure's class) and cannot fail again before. A profile's
+``[refault]`` table adds repeat failures: a repair fails with its probability (the node fails
+again of the same cause a lognormal delay after its return), and its lemon nodes fail as a
+Poisson process that many times faster. Those draws come from a stream of their own, so a
+profile without the table draws exactly what it did before there was one. A detectable
 failure carries an :class:`Episode` (its foreshock) that starts ``lead`` minutes before the
 failure and grows until the failure; a false alarm is an episode of the same kinds on a healthy
 node, weaker, that rises and then fades with no failure after it.
@@ -25,6 +29,7 @@ __all__ = ["Failure", "Episode", "Schedule", "draw_schedule", "intensities", "MS
 MS_PER_DAY: Final = 86_400_000
 _MS_PER_MINUTE: Final = 60_000
 _STREAM_SCHEDULE: Final = 0x5CED
+_STREAM_REFAULT: Final = 0x2EFA
 _FALSE_ALARM_RISE: Final = 0.6  # fraction of a false alarm spent rising before it fades
 
 
@@ -117,16 +122,35 @@ def draw_schedule(
     shares = shares / shares.sum()
     gpus = profile.cluster.gpus_per_node
     mean_gap_ms = MS_PER_DAY / profile.node_failures_per_day(rate_multiplier)
+    refault = profile.refault
+    if refault is not None:
+        refault_rng = np.random.default_rng([seed, _STREAM_REFAULT])
+        lemons = refault_rng.random(nodes) < refault.lemon_fraction
+        first_rate = refault.first_failure_rate(profile.node_failures_per_day(rate_multiplier),
+                                                profile.mean_repair_days((end_ms - start_ms) / MS_PER_DAY))
+        mean_gap_ms = MS_PER_DAY / first_rate
     failures: list[Failure] = []
     episodes: list[Episode] = []
     for node in range(nodes):
         t = float(start_ms)
         up_since = start_ms
+        node_gap_ms = mean_gap_ms
+        if refault is not None and lemons[node]:
+            node_gap_ms /= refault.lemon_rate_multiplier
+        previous = None  # the node's last failure class, which a failed repair brings back
         while True:
-            t += rng.exponential(mean_gap_ms)
+            if (refault is not None and previous is not None
+                    and refault_rng.random() < refault.failed_repair_probability):
+                t += refault_rng.lognormal(np.log(refault.failed_repair_median_hours),
+                                           refault.failed_repair_sigma) * 3_600_000
+                cls = previous
+            else:
+                t += rng.exponential(node_gap_ms)
+                cls = None
             if t >= end_ms:
                 break
-            cls = classes[int(rng.choice(len(classes), p=shares))]
+            if cls is None:
+                cls = classes[int(rng.choice(len(classes), p=shares))]
             ts = int(t)
             gpu = int(rng.integers(gpus)) if cls.scope == "gpu" else None
             detectable = cls.precursor != "none" and bool(rng.random() < cls.detectable)
@@ -154,6 +178,7 @@ def draw_schedule(
             )
             t = float(repair_ts)
             up_since = repair_ts
+            previous = cls
     episodes.extend(_false_alarms(profile, nodes, start_ms, end_ms, rng, rate_multiplier))
     failures.sort(key=lambda f: (f.ts, f.node))
     episodes.sort(key=lambda e: (e.start_ms, e.node))

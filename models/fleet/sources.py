@@ -18,7 +18,8 @@ import pandas as pd
 from foreshock.ingest.simulator.calibration import INFINITEHBD_DAYS, INFINITEHBD_SERVERS, cause_of
 from foreshock.models.fleet.records import validate
 
-__all__ = ["CRAY_LEVELS", "cray_location", "oak_ridge_time", "load_titan", "load_infinitehbd", "TRACE_ORIGIN"]
+__all__ = ["CRAY_LEVELS", "cray_location", "oak_ridge_time", "load_titan", "load_infinitehbd",
+           "from_ground_truth", "TRACE_ORIGIN"]
 
 CRAY_LEVELS: Final = ("col", "row", "cage", "slot", "node")
 """A Cray cname's levels: cabinet column and row, cage in the cabinet (0 = bottom), slot (blade), node."""
@@ -161,3 +162,30 @@ def _by_node(faults: list[tuple[str, float, float, str, str, str]]) -> dict[str,
         else:
             group.append([start, end, desc, level, fclass])
     return out
+
+
+def from_ground_truth(truth: pd.DataFrame, nodes: list[str], start_ms: int, end_ms: int) -> pd.DataFrame:
+    """A simulated run's failures (``ground_truth.parquet``'s ``node, ts, cause, repair_ts``) as
+    fleet records of its ``nodes`` over ``[start_ms, end_ms)``: each node's up spells between
+    failures, ``kind`` the failure's cause. A repair that ends after the run is not seen."""
+    def at(ms: pd.Series) -> pd.Series:
+        return pd.to_datetime(ms, unit="ms", utc=True)
+
+    rows = []
+    by_node = {node: group.sort_values("ts") for node, group in truth.groupby("node")}
+    for node in nodes:
+        up = start_ms
+        for f in by_node.get(node, truth.iloc[:0]).itertuples():
+            repaired = f.repair_ts if f.repair_ts < end_ms else None
+            rows.append((node, up, f.ts, f.cause, False, repaired))
+            if repaired is None:
+                break
+            up = repaired
+        else:
+            rows.append((node, up, end_ms, None, True, None))
+    frame = pd.DataFrame(rows, columns=["unit", "install", "end", "kind", "censored", "repaired"])
+    return validate(pd.DataFrame({
+        "unit": frame["unit"], "install_time": at(frame["install"]), "end_time": at(frame["end"]),
+        "kind": frame["kind"], "censored": frame["censored"],
+        "repaired_time": at(frame["repaired"].astype("float64")),
+    }), where="ground truth")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import pandas as pd
 
 from foreshock.ingest.dataset import read_ground_truth, read_manifest
 from foreshock.ingest.simulator.calibration import cause_of
+from foreshock.ingest.simulator.profile import read_profile_data
 from foreshock.models.reliability import SECONDS_PER_DAY
 
 __all__ = [
@@ -121,9 +121,9 @@ def load_infinitehbd(path: str | Path) -> FailureTrace:
 
 
 def load_profile(path: str | Path) -> dict[str, Any]:
-    """Read a cluster profile TOML (``datasets/profiles/<name>.toml``) as a plain dict."""
-    with open(path, "rb") as fh:
-        return tomllib.load(fh)
+    """Read a cluster profile TOML (``datasets/profiles/<name>.toml``) as a plain dict, the
+    profile it ``extends`` filled in."""
+    return read_profile_data(path)
 
 
 def _repair_median_hours(entry: Mapping[str, Any], cluster: Mapping[str, Any]) -> float:
