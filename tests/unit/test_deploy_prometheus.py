@@ -113,3 +113,24 @@ def test_every_metric_named_is_one_a_process_exports(where):
     exprs = rule_exprs() if where == "rules" else dashboard_exprs()
     named = {m for e in exprs for m in re.findall(r"(?<![:\w])foreshock_[a-z_]+(?![:\w])", e)}
     assert named and named <= exported_names(), sorted(named - exported_names())
+
+
+def test_the_dashboard_is_one_current_grafana_imports():
+    board = json.loads(DASHBOARD.read_text())
+    assert board["schemaVersion"] >= 39 and board["uid"] == "foreshock"
+    assert [v["type"] for v in board["templating"]["list"]] == ["datasource"]
+    panels = board["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: set[tuple[int, int]] = set()
+    for p in panels:
+        g = p["gridPos"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert g["x"] + g["w"] <= 24 and not mine & cells, f"panel {p['title']!r} overlaps another"
+        cells |= mine
+        if p["type"] == "row":
+            continue
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert refs and len(set(refs)) == len(refs)
+        assert all(t["datasource"] == p["datasource"] for t in p["targets"])
+    assert "heatmap" in {p["type"] for p in panels}
