@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score, roc_curve
 
+from foreshock.models.fleet.sources import load_infinitehbd
 from foreshock.models.fleet.survival import Analysis
 
 __all__ = ["FEATURES", "history_samples", "lift_at", "history_ranking"]
@@ -157,8 +158,6 @@ def history_ranking(
 
 
 def main(path: str) -> None:
-    from foreshock.models.fleet.sources import load_infinitehbd
-
     table = history_ranking(load_infinitehbd(path)).frame
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 

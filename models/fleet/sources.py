@@ -137,8 +137,9 @@ def load_infinitehbd(
     frame = pd.DataFrame(rows, columns=["unit", "install", "end", "kind", "censored", "repaired",
                                         "level", "fault_class"])
 
-    def at(day: pd.Series) -> pd.Series:
-        return origin + pd.to_timedelta(day * 86_400.0, unit="s")
+    def at(day: pd.Series) -> pd.Series:  # the trace's days as whole microseconds, gaps kept
+        micros = pd.Series((day * 86_400e6).round(), dtype="Float64").astype("Int64")
+        return origin + pd.to_timedelta(micros, unit="us")
 
     records = pd.DataFrame({
         "unit": frame["unit"], "location": None,
@@ -168,8 +169,8 @@ def from_ground_truth(truth: pd.DataFrame, nodes: list[str], start_ms: int, end_
     """A simulated run's failures (``ground_truth.parquet``'s ``node, ts, cause, repair_ts``) as
     fleet records of its ``nodes`` over ``[start_ms, end_ms)``: each node's up spells between
     failures, ``kind`` the failure's cause. A repair that ends after the run is not seen."""
-    def at(ms: pd.Series) -> pd.Series:
-        return pd.to_datetime(ms, unit="ms", utc=True)
+    def at(ms: pd.Series) -> pd.Series:  # nullable integers: pandas 3.1 casting floats with NaN overflowed
+        return pd.to_datetime(pd.Series(ms, dtype="Int64"), unit="ms", utc=True).dt.as_unit("ns")
 
     rows = []
     by_node = {node: group.sort_values("ts") for node, group in truth.groupby("node")}
@@ -187,5 +188,5 @@ def from_ground_truth(truth: pd.DataFrame, nodes: list[str], start_ms: int, end_
     return validate(pd.DataFrame({
         "unit": frame["unit"], "install_time": at(frame["install"]), "end_time": at(frame["end"]),
         "kind": frame["kind"], "censored": frame["censored"],
-        "repaired_time": at(frame["repaired"].astype("float64")),
+        "repaired_time": at(frame["repaired"]),
     }), where="ground truth")
