@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from foreshock.ingest.bus import Bus
@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS mitigation_events (
 CREATE INDEX IF NOT EXISTS mitigation_events_action ON mitigation_events(action_id, status);
 CREATE TABLE IF NOT EXISTS probe (id INTEGER PRIMARY KEY, ts INTEGER NOT NULL);
 """
+_PROBE = "INSERT OR REPLACE INTO probe (id, ts) VALUES (1, ?)"
 
 
 class AuditLog:
@@ -61,13 +62,7 @@ class AuditLog:
         self, path: str | Path = ":memory:", bus: Bus | None = None, clock: Callable[[], int] = now_ms
     ):
         self.path = str(path)
-        try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            if self.path != ":memory:":
-                self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise AuditUnavailable(f"cannot open the audit log {self.path}: {exc}") from None
+        self._db = self._connect()
         self._lock = threading.Lock()
         self.bus = bus
         self.clock = clock
@@ -96,9 +91,43 @@ class AuditLog:
             publish(self.bus, [event])  # no flush: a broker outage must not hold the mitigator
 
     def probe(self) -> None:
-        """Commit a write (raises :class:`AuditUnavailable`): can the log take the next record?"""
-        with self._lock, self._writing():
-            self._db.execute("INSERT OR REPLACE INTO probe (id, ts) VALUES (1, ?)", (self.clock(),))
+        """Commit a write (raises :class:`AuditUnavailable`): can the log take the next record?
+
+        A write that fails is tried once more on a fresh connection: SQLite keeps a file it opened
+        on read-only storage read-only on that connection, after the storage is writable again."""
+        with self._lock:
+            try:
+                self._db.execute(_PROBE, (self.clock(),))
+                return
+            except sqlite3.Error:
+                if self.path != ":memory:":
+                    self._reopen()
+            with self._writing():
+                self._db.execute(_PROBE, (self.clock(),))
+
+    def _reopen(self) -> None:
+        self._db.close()  # first: a process's connections to one file share its WAL index mapping
+        try:
+            self._db = self._connect()
+        except AuditUnavailable:
+            with suppress(sqlite3.Error):  # reads go on where the file can still be read
+                self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False,
+                                           isolation_level=None)
+            raise
+
+    def _connect(self) -> sqlite3.Connection:
+        """A connection to the log with its schema in place (raises :class:`AuditUnavailable`)."""
+        db = None
+        try:
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            if self.path != ":memory:":
+                db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            if db is not None:
+                db.close()
+            raise AuditUnavailable(f"cannot open the audit log {self.path}: {exc}") from None
+        return db
 
     @contextmanager
     def _writing(self) -> Iterator[None]:

@@ -52,6 +52,9 @@ class MitigatorMetrics:
         self.cold_start_resumed = Gauge("foreshock_mitigator_cold_start_resumed_actions",
                                         "Actions a restart found cut off, closed as abandoned and resumed.",
                                         registry=r)
+        self.reconciled = Counter("foreshock_mitigator_reconciled_total",
+                                  "Nodes the scheduler showed otherwise than desired, taken in, by kind "
+                                  "(returned_by_hand, drained_by_scheduler).", ["kind"], registry=r)
         self.cold_start_nodes = Gauge("foreshock_mitigator_cold_start_nodes",
                                       "Nodes whose state the last start rebuilt, by state.", ["state"],
                                       registry=r)

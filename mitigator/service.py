@@ -18,7 +18,9 @@ Every block is visible — in the audit log, in the log, in the metrics and in :
 record rejected for its time (also dead-lettered), a drain a safety rail held back, the breaker
 tripping. When the audit log cannot be written the service pauses: it acts on nothing, rewinds
 the consumer to the first record whose intent is not durable, reports not ready with the reason,
-and probes the log every ``audit_retry_s`` until it can go on.
+and probes the log every ``audit_retry_s`` until it can go on. A log that can be read but not
+written at start (read-only storage after a crash) starts the service paused the same way, its
+cold start redone once the log takes writes.
 """
 
 from __future__ import annotations
@@ -80,7 +82,12 @@ class MitigationService:
         self.reconciled: deque[dict] = deque(maxlen=50)
         self.observed: dict = {"read_ms": None, "error": None}
         self._reading: tuple[Future, dict[str, NodeView], set[str]] | None = None
-        self.cold_start = self._cold_start()
+        self.cold_start: ColdStart | None = None  # None until the start's rows are written
+        try:
+            executor.audit.probe()  # a log that takes no writes is known at once, not at the first record
+            self.cold_start = self._cold_start()
+        except AuditUnavailable as exc:  # readable, not writable: start paused; the cold start follows
+            self._pause(exc, [])
         self._next_read = executor.monotonic() + reconcile_every_s
         topics = [Topic.RISK, Topic.NODE_EVENTS, Topic.MITIGATION]  # consumer_config: where a group starts
         self.stream = RecordStream(bus, bus.consumer(group, topics, **dict(consumer_config or {})))
@@ -167,12 +174,12 @@ class MitigationService:
                     for f in self.executor.in_flight()
                 ],
                 "rejections": list(self.rejections),
-                "cold_start": {
-                    "nodes": self.cold_start.counts(),
-                    "drains_in_window": len(self.cold_start.drains),
-                    "resumed": [a.action_id for a in self.cold_start.resumed],
-                    "drained_by_scheduler": self.cold_start.drained_by_scheduler,
-                    "returned_by_hand": self.cold_start.returned_by_hand,
+                "cold_start": None if (cs := self.cold_start) is None else {
+                    "nodes": cs.counts(),
+                    "drains_in_window": len(cs.drains),
+                    "resumed": [a.action_id for a in cs.resumed],
+                    "drained_by_scheduler": cs.drained_by_scheduler,
+                    "returned_by_hand": cs.returned_by_hand,
                 },
                 "reconcile": {
                     "every_s": self.reconcile_every_s if self._reconciles() else None,
@@ -357,6 +364,8 @@ class MitigationService:
             return False
         try:
             self.executor.audit.probe()
+            if self.cold_start is None:
+                self.cold_start = self._cold_start()
         except AuditUnavailable as exc:
             self.paused = str(exc)
             self._next_probe = time.monotonic() + self.audit_retry_s

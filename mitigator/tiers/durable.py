@@ -136,12 +136,26 @@ class DurableTier:
         if not ok.item():
             self._failed(step, error or "another rank's write failed")
             return None
+        if self.rank == 0:
+            error = self._mark_complete(step)
+        marked = torch.tensor([int(error is None)])
+        dist.all_reduce(marked, op=dist.ReduceOp.MIN, group=self._pg)  # every rank sees the same outcome
+        if not marked.item():
+            self._failed(step, error or "rank 0 could not mark the snapshot complete")
+            return None
         self.last_seconds = time.perf_counter() - started
         self.completed.append((step, self.last_seconds))
-        if self.rank == 0:
+        return step
+
+    def _mark_complete(self, step: int) -> str | None:
+        """Write the ``COMPLETE`` marker (rank 0); why it could not be, or None. The storage can fill or
+        turn read-only between the data and the marker: that must not stop training either."""
+        try:
             write_json_atomic(self.path(step) / "COMPLETE",
                               {"step": step, "ts_ms": int(time.time() * 1000), "world": self.world})
-        return step
+        except OSError as exc:
+            return f"COMPLETE marker not written: {type(exc).__name__}: {exc}"
+        return None
 
     def load(self, state: dict[str, Any]) -> int | None:
         """Load the newest complete snapshot into ``state`` in place (collective); its step or None."""

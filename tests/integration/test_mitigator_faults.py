@@ -1,7 +1,9 @@
 """The mitigator under faults, on a real Kafka broker and a real Slurm (munged, slurmctld, slurmd).
 
 ``foreshock mitigate`` runs as its own process, as in production, and is killed with SIGKILL,
-starved of file space (``RLIMIT_FSIZE``, as ``ulimit -f`` does) and cut off from slurmctld. Each
+starved of file space (``RLIMIT_FSIZE``, as ``ulimit -f`` does), given its audit log on storage
+that is read-only (a tmpfs remounted ``ro``; needs root) or cannot be opened, fed a tombstone by
+a foreign producer (kcat) and cut off from slurmctld. Each
 case checks what ``sinfo`` shows afterwards, what the audit log says, and that the nodes drained
 never exceed the breaker's limit (a 3-node fleet at ``--breaker-share 0.34``: one drain an hour).
 The Kubernetes faults (an API server answering 500 or holding requests) run against the stand-in
@@ -27,7 +29,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from foreshock.ingest.contract import MitigationEvent, NodeEvent, RiskScore, Topic
+from foreshock.ingest.contract import TOMBSTONE_REASON, MitigationEvent, NodeEvent, RiskScore, Topic
 from foreshock.ingest.kafka_bus import KafkaBus
 from foreshock.ingest.kafka_local import free_port
 from foreshock.ingest.stream import now_ms, publish
@@ -35,11 +37,13 @@ from foreshock.mitigator.audit import AuditLog
 from foreshock.mitigator.channels import Command, FileChannel
 from foreshock.mitigator.jobs import write_job_status
 from foreshock.mitigator.plan import JobView
+from tests.integration.test_poison_messages import committed_and_end, kcat_produce
 from tests.integration.test_predictor_kafka import TopicReader
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 BREAKER_LIMIT = 1  # floor(0.34 x 3 nodes)
+UNOPENABLE = "foreshock mitigate: cannot open the audit log {}: unable to open database file"
 
 
 class Mitigator:
@@ -260,6 +264,7 @@ def test_kill_9_while_a_job_leaves_then_a_restart_resumes_the_same_action(kafka_
     assert rows(audit, f"action_id='{migrate_id}' AND status='abandoned'")
     FileChannel(control).ack(Command(**json.loads(path.read_text())), "snapshot durable at step 7")
     wait_for(lambda: drained(cluster) == ["node2"], 60, "the drain after the resumed migration", second)
+    wait_for(lambda: rows(audit, "action='drain' AND status='succeeded'"), 30, "its outcome recorded", second)
     trail = [r[1] for r in rows(audit, f"action_id='{migrate_id}'")]
     assert trail[-3:] == ["abandoned", "started", "succeeded"]
     assert len(list(commands.iterdir())) == 1  # the job was told to leave once, under one id
@@ -271,12 +276,13 @@ SHM_BYTES = 32768  # SQLite's WAL index, written at open: a smaller limit refuse
 
 
 def _wal_size_after(audit: Path, scratch: Path, commits: int) -> int:
-    """The WAL's size once ``commits`` more rows are committed, measured on a copy of the log."""
+    """The WAL's size once a start's probe and ``commits`` more rows are committed, on a copy of the log."""
     scratch.mkdir()
     for suffix in ("", "-wal", "-shm"):
         if Path(f"{audit}{suffix}").exists():
             shutil.copy(f"{audit}{suffix}", scratch / f"audit.sqlite{suffix}")
     log = AuditLog(scratch / "audit.sqlite")
+    log.probe()  # a start makes sure the log takes writes
     for status in ("planned", "started")[:commits]:
         log.record(MitigationEvent(ts=now_ms(), node="node3", action_id="drain:node3:-:1", action="drain",
                                    status=status, reason="foreshock: p=0.95, idle node on alert"))
@@ -314,3 +320,110 @@ def test_an_audit_log_that_cannot_grow_pauses_the_mitigator_before_and_after_act
                                                              "succeeded"]
     assert healed.readyz()[0] == 200 and drained(cluster) == ["node3"]
     healed.stop()
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not on PATH (scripts/install-services.sh)")
+def test_a_tombstone_on_risk_scores_stops_nothing_and_the_drain_goes_through_slurm(
+        kafka_bootstrap, group, cluster, tmp_path):
+    audit = tmp_path / "audit.sqlite"
+    letters = TopicReader(kafka_bootstrap, Topic.DEADLETTER)
+    mark = letters.mark()
+    kcat_produce(kafka_bootstrap, Topic.RISK, [b"node2:"])  # in front of node2's scores, same partition
+    mitigator = Mitigator(kafka_bootstrap, group, audit, cluster).start()
+    alert(kafka_bootstrap, "node2")
+    wait_for(lambda: drained(cluster) == ["node2"], 60, "node2 drained behind the tombstone", mitigator)
+    alert(kafka_bootstrap, "node1", "node3")  # the storm goes on: the breaker allows one drain an hour
+    wait_for(lambda: len(rows(audit, "status='blocked'")) == 2, 30, "the other drains held back", mitigator)
+    assert drained(cluster) == ["node2"]
+    trail = [r[1] for r in rows(audit, "action='drain' AND node='node2'")]
+    assert trail == ["planned", "started", "succeeded"]
+    assert all("circuit breaker open" in r[4] for r in rows(audit, "status='blocked'"))
+    dead = wait_for(lambda: [d for d in letters.since(mark) if d.topic == Topic.RISK], 30, "the dead letter")
+    assert {(d.key, d.value, d.reason) for d in dead} == {("node2", None, TOMBSTONE_REASON)}  # at least once
+    mitigator.stop()
+    committed, end = committed_and_end(kafka_bootstrap, group, Topic.RISK)
+    assert committed == end  # past the tombstone: a restart does not meet it again
+
+
+@pytest.fixture
+def audit_fs(tmp_path):
+    """A tmpfs of its own for the audit log, which the test remounts read-only and back (root only)."""
+    mnt = tmp_path / "audit-fs"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True,
+                      timeout=30).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+def remount(mnt: Path, mode: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(mnt)], check=True, capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("where", ["a folder that does not exist", "read-only storage"])
+def test_an_audit_log_that_cannot_be_opened_is_one_line_and_exit_1(kafka_bootstrap, group, cluster, tmp_path,
+                                                                  where, request):
+    if where == "read-only storage":
+        mnt = request.getfixturevalue("audit_fs")
+        remount(mnt, "ro")  # an empty file system: SQLite can create neither the log nor its WAL
+        audit = mnt / "audit.sqlite"
+    else:
+        audit = tmp_path / "no-such-folder" / "audit.sqlite"
+    proc = subprocess.run(Mitigator(kafka_bootstrap, group, audit, cluster).args, env=cluster.env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr == f"{UNOPENABLE.format(audit)}\n"
+    assert drained(cluster) == [] and not audit.exists()
+
+
+def test_an_audit_log_on_read_only_storage_before_acting_starts_paused_and_acts_once_writable(
+        kafka_bootstrap, group, cluster, audit_fs):
+    audit = audit_fs / "audit.sqlite"
+    Mitigator(kafka_bootstrap, group, audit, cluster).start().kill()  # a log whose WAL is left behind
+    remount(audit_fs, "ro")  # so it opens, read-only
+    mitigator = Mitigator(kafka_bootstrap, group, audit, cluster).start()
+    code, body = mitigator.readyz()
+    assert code == 503 and "attempt to write a readonly database" in body["reason"]  # at once
+    alert(kafka_bootstrap, "node3")
+    time.sleep(4)
+    assert mitigator.proc.poll() is None and drained(cluster) == [] and rows(audit) == []
+
+    remount(audit_fs, "rw")
+    wait_for(lambda: drained(cluster) == ["node3"], 60, "the drain once the log takes writes", mitigator)
+    assert [r[1] for r in rows(audit, "action='drain'")] == ["planned", "started", "succeeded"]
+    alert(kafka_bootstrap, "node1")
+    wait_for(lambda: rows(audit, "node='node1' AND status='blocked'"), 30, "node1 held back", mitigator)
+    assert drained(cluster) == ["node3"] and mitigator.readyz()[0] == 200
+    assert mitigator.log().count("paused, acting on nothing") == 1 and "Traceback" not in mitigator.log()
+    mitigator.stop()
+
+
+def test_an_audit_log_on_read_only_storage_after_a_crash_mid_action_starts_paused_and_resumes(
+        kafka_bootstrap, group, cluster, audit_fs):
+    audit = audit_fs / "audit.sqlite"
+    first = Mitigator(kafka_bootstrap, group, audit, cluster).start()
+    cluster.stop_controller()
+    alert(kafka_bootstrap, "node3")
+    wait_for(lambda: rows(audit, "action='drain' AND status='failed'"), 30, "a failed attempt", first)
+    first.kill()  # the drain is open; SQLite's WAL is left behind, so the log opens read-only
+    cluster.start_controller()
+    remount(audit_fs, "ro")
+
+    second = Mitigator(kafka_bootstrap, group, audit, cluster).start()  # up, not crash-looping
+    code, body = wait_for(lambda: (r := second.readyz())[0] == 503 and r, 30, "not ready", second)
+    assert "attempt to write a readonly database" in body["reason"]
+    assert second.status()["cold_start"] is None  # read, but not taken in: its rows are not written
+    alert(kafka_bootstrap, "node1")  # read once the log can be written
+    time.sleep(4)
+    assert second.proc.poll() is None and drained(cluster) == []  # no action without its record
+
+    remount(audit_fs, "rw")
+    wait_for(lambda: second.readyz()[0] == 200, 30, "ready once the log takes writes", second)
+    wait_for(lambda: drained(cluster) == ["node3"], 60, "the resumed drain", second)
+    wait_for(lambda: rows(audit, "node='node1' AND status='blocked'"), 30, "node1 held back", second)
+    trail = [r[1] for r in rows(audit, "action='drain' AND node='node3'")]
+    assert trail[:2] == ["planned", "started"] and trail[-3:] == ["abandoned", "started", "succeeded"]
+    assert drained(cluster) == ["node3"]  # the breaker's one drain, restart or not
+    assert second.log().count("paused, acting on nothing") == 1 and "Traceback" not in second.log()
+    second.stop()

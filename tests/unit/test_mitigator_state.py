@@ -147,6 +147,28 @@ def test_two_crashes_in_a_row_still_resume_the_action_and_strand_no_node(tmp_pat
     assert third.engine.state("n1") is NodeState.HEALTHY and not third.engine.views["n1"].draining
 
 
+def test_a_log_that_cannot_be_written_at_start_starts_paused_and_redoes_the_cold_start(tmp_path):
+    down = FaultyScheduler(SchedulerError("slurmctld not responding"))
+    first = build(tmp_path, scheduler=down)
+    feed(first, storm(["n1"]))  # a drain left open by the crash that follows
+    [drain_id] = {e.action_id for e in first.executor.audit.events() if e.action == "drain"}
+    first.executor.audit.close()
+
+    class ReadOnlyAtStart(BreakableAudit):
+        broken = True  # read-only storage: the cold start cannot write its abandoned row
+
+    up = RecordingScheduler()
+    second = build(tmp_path, bus=InMemoryBus(), scheduler=up, clock=first.engine.clock,
+                   audit_cls=ReadOnlyAtStart)
+    assert not second.ready and "full" in second.paused and second.status()["cold_start"] is None
+    assert second.poll_once(0.0) == 0 and up.calls == []  # acts on nothing, and does not crash
+    second.executor.audit.broken = False
+    second.poll_once(0.0)
+    wait_out(second, 1)
+    assert second.ready and second.status()["cold_start"]["resumed"] == [drain_id]
+    assert up.calls == [("n1", True)] and second.engine.state("n1") is NodeState.DRAINED
+
+
 def test_the_scheduler_state_wins_over_a_lost_audit_log(tmp_path):
     sched = RecordingScheduler()
     sched.drained = {"n4"}  # drained with Foreshock's mark by an earlier mitigator whose log is gone
