@@ -150,8 +150,8 @@ class AuditLog:
         with self._lock:
             return self._db.execute(sql + " LIMIT 1", args).fetchone() is not None
 
-    def events(self, action_id: str | None = None) -> list[MitigationEvent]:
-        """The trail, oldest first (optionally for one action id)."""
+    def events(self, action_id: str | None = None, last: int | None = None) -> list[MitigationEvent]:
+        """The trail, oldest first (optionally for one action id, or only its ``last`` rows)."""
         sql = (
             "SELECT ts, node, action_id, action, status, job, reason, dry_run, attempt FROM mitigation_events"
         )
@@ -159,7 +159,10 @@ class AuditLog:
         if action_id is not None:
             sql, args = sql + " WHERE action_id=?", (action_id,)
         with self._lock:
-            rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
+            if last is None:
+                rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
+            else:
+                rows = self._db.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, last)).fetchall()[::-1]
         return [
             MitigationEvent(
                 ts=r[0],

@@ -1,7 +1,10 @@
 """The mitigator's read-only HTTP endpoint: ``/metrics``, ``/status``, ``/healthz``, ``/readyz``.
 
 ``/status`` is the operator's view of every block (:meth:`MitigationService.status`): the breaker,
-the nodes per state, the actions in flight, the last rejections, what the cold start rebuilt.
+the nodes per state, the actions in flight, the last rejections, what the cold start rebuilt, and
+the audit log's newest rows (``recent_actions``, newest last). Every answer allows any origin
+(``Access-Control-Allow-Origin: *``): it is read-only, and the risk service's status page reads
+``/status`` from the operator's browser.
 ``/readyz`` answers 503 with the reason while the service is paused (its audit log cannot be
 written). Nothing here changes state: the breaker is reset, and nodes pinned, through requests on
 ``mitigation.events`` (``foreshock mitigate --reset-breaker``, ``--pin``), which are audited.
@@ -14,12 +17,16 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
+import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
     from foreshock.mitigator.service import MitigationService
 
-__all__ = ["StatusServer"]
+__all__ = ["StatusServer", "RECENT_ACTIONS"]
+
+RECENT_ACTIONS = 20
+"""Audit rows ``/status`` shows under ``recent_actions``."""
 
 
 class StatusServer(ThreadingHTTPServer):
@@ -57,7 +64,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/metrics":
             return self._send(200, service.render_metrics(), CONTENT_TYPE_LATEST)
         if path == "/status":
-            return self._json(200, service.status())
+            recent = service.executor.audit.events(last=RECENT_ACTIONS)
+            return self._json(200, {**service.status(), "recent_actions": msgspec.to_builtins(recent)})
         if path == "/healthz":
             return self._json(200, {"status": "ok"})
         if path == "/readyz":
@@ -73,5 +81,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
+        self.send_header("Access-Control-Allow-Origin", "*")
         self.end_headers()
         self.wfile.write(data)

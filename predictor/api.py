@@ -6,12 +6,18 @@ token is passed in by the composition root (``foreshock serve``); this module re
 environment. Errors are JSON ``{"detail": ...}``: 400/422 for bad input, 401/403 for a missing
 or wrong token, 404 for an unknown node, 413 for a request body over the limit (1 MiB unless
 configured), 503 with the reason when the service is not ready. ``/metrics`` is Prometheus text.
+``/`` is the status page (``predictor/static/``, shipped with the package): plain HTML and
+JavaScript that read the endpoints above from the operator's browser, and the mitigator's
+``/status`` when the service knows its address.
 """
 
 from __future__ import annotations
 
+import html
 import secrets
+from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import pandas as pd
@@ -23,7 +29,7 @@ from pydantic import BaseModel, Field
 from foreshock.ingest.contract import MAX_EPOCH_MS, RecordError, RiskScore, Topic, decode
 from foreshock.predictor.service import NotReady, RiskService
 
-__all__ = ["create_app", "BodyLimit", "MAX_BODY_BYTES"]
+__all__ = ["create_app", "BodyLimit", "MAX_BODY_BYTES", "status_page"]
 
 _JSON = "application/json"
 _KINDS = {"gpu": Topic.GPU, "xid": Topic.XID, "link": Topic.LINK, "events": Topic.NODE_EVENTS}
@@ -160,6 +166,31 @@ class ModelInfo(BaseModel):
     metrics: dict[str, Any]
 
 
+_ASSETS = {"status.js": "text/javascript; charset=utf-8", "status.css": "text/css; charset=utf-8"}
+_MITIGATOR_META = '<meta name="foreshock-mitigator" content="">'
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("foreshock.predictor").joinpath("static", name).read_bytes()
+
+
+def status_page(mitigator_url: str | None = None) -> tuple[bytes, str]:
+    """The status page's HTML, told where the mitigator's ``/status`` is, and its Content-Security-Policy:
+    nothing loads from anywhere but this service, and the page may read only it and the mitigator."""
+    page = _asset("index.html").decode()
+    connect = "'self'"
+    if mitigator_url:
+        parts = urlsplit(mitigator_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"the mitigator URL must be http(s)://host[:port], not {mitigator_url!r}")
+        connect += f" {parts.scheme}://{parts.netloc}"
+        page = page.replace(_MITIGATOR_META, _MITIGATOR_META.replace(
+            'content=""', f'content="{html.escape(mitigator_url.rstrip("/"), quote=True)}"'))
+    policy = (f"default-src 'self'; connect-src {connect}; style-src 'self' 'unsafe-inline'; "
+              "img-src 'self' data:; frame-ancestors 'none'")
+    return page.encode(), policy
+
+
 def _json(obj: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(obj), status_code=status, media_type=_JSON)
 
@@ -169,9 +200,11 @@ def _summary(s: RiskScore) -> dict[str, Any]:
 
 
 def create_app(service: RiskService, *, token: str | None, title: str = "Foreshock risk API",
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, mitigator_url: str | None = None) -> FastAPI:
     """The API over ``service``. ``token=None`` disables the write endpoints (403); a request body
-    over ``max_body_bytes`` is answered 413 before it is read (:class:`BodyLimit`)."""
+    over ``max_body_bytes`` is answered 413 before it is read (:class:`BodyLimit`); the status page
+    at ``/`` shows the mitigator's last actions when ``mitigator_url`` is given."""
+    page, policy = status_page(mitigator_url)
     app = FastAPI(title=title, version="1", description=__doc__)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     service.metrics.watch(service.board, lambda: service.model)  # per-node gauges, read at scrape time
@@ -184,6 +217,17 @@ def create_app(service: RiskService, *, token: str | None, title: str = "Foresho
             raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
         if not secrets.compare_digest(cred.credentials.encode(), token.encode()):
             raise HTTPException(401, "invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> Response:
+        return Response(page, media_type="text/html; charset=utf-8",
+                        headers={"Content-Security-Policy": policy, "Cache-Control": "no-cache"})
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def asset(name: str) -> Response:
+        if name not in _ASSETS:
+            raise HTTPException(404, f"no static file {name!r}")
+        return Response(_asset(name), media_type=_ASSETS[name], headers={"Cache-Control": "no-cache"})
 
     @app.get("/healthz", response_model=Health, responses={503: {"model": Health,
              "description": "the service loop stopped; the process is about to exit"}},

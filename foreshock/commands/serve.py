@@ -70,6 +70,9 @@ def serve(
         help="wall time between two checkpoints of a partition (partitions take turns, spread over it)"),
     reload_every: str = typer.Option("30s", "--reload-every", help="how often to check the model alias"),
     token_file: Path | None = typer.Option(None, "--token-file", help="file holding the API bearer token"),
+    mitigator_url: str | None = typer.Option(
+        None, "--mitigator-url", help="the mitigator's /status address as operators' browsers reach it "
+        "(http://host:9403): the status page at / then shows its last actions"),
     max_poll_records: int = typer.Option(5000, "--max-poll-records", min=1,
                                          help="messages taken per poll (smaller: smoother catch-up)"),
     simulate_nodes: int = typer.Option(32, "--simulate-nodes", min=1,
@@ -99,6 +102,13 @@ def serve(
     for noisy in ("kafka", "mlflow", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     token = read_token(token_file)
+    if mitigator_url:
+        from foreshock.predictor.api import status_page
+
+        try:
+            status_page(mitigator_url)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--mitigator-url") from None
     if kafka:
         bus = connect_kafka(kafka, "serve", client_id=f"foreshock-predictor-{os.getpid()}")
         checkpoint_dir = checkpoint_dir or cache_dir() / "predictor" / group
@@ -125,7 +135,7 @@ def serve(
     # keeps each full collection to what the loop allocates, so API answers do not wait on it.
     gc.freeze()
     stop = threading.Event()
-    app = create_app(service, token=token, max_body_bytes=max_body_bytes)
+    app = create_app(service, token=token, max_body_bytes=max_body_bytes, mitigator_url=mitigator_url)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
 
     def run_loop() -> None:

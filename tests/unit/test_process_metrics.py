@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,6 +29,7 @@ from foreshock.ingest.contract import GpuSample, Topic
 from foreshock.ingest.kafka_local import free_port
 from foreshock.ingest.outbox import Outbox
 from foreshock.ingest.simulator import stream
+from foreshock.mitigator.endpoint import RECENT_ACTIONS, StatusServer
 from foreshock.predictor.api import create_app
 from foreshock.predictor.engines import OnlineEngines
 from foreshock.predictor.model_source import PathModelSource
@@ -231,3 +233,19 @@ def test_collect_refuses_a_metrics_port_it_cannot_bind():
                                           "--stdout", "--polls", "1",
                                           "--metrics-port", str(taken.getsockname()[1])])
     assert result.exit_code == 1 and "cannot serve /metrics" in result.stderr
+
+
+def test_mitigator_status_lists_the_newest_audit_rows_to_any_origin(tmp_path):
+    service, _, _ = rig(tmp_path, [job("llm", ["n1", "n2", "n3", "n4"])])
+    feed(service, [risk(f"n{k}", i, p) for k in range(1, 9) for i, p in enumerate([0.5, 0.9, 0.95])])
+    trail = service.executor.audit.events()
+    assert len(trail) > RECENT_ACTIONS
+    server = StatusServer(service).start()
+    try:
+        answer = httpx.get(f"http://127.0.0.1:{server.port}/status", headers={"Origin": "http://risk:8080"})
+    finally:
+        server.stop()
+    assert answer.headers["access-control-allow-origin"] == "*"
+    recent = answer.json()["recent_actions"]
+    assert recent == [msgspec.to_builtins(e) for e in trail[-RECENT_ACTIONS:]]
+    assert recent[-1]["action_id"] == trail[-1].action_id  # newest last
