@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from foreshock.features.spec import Feature, FeatureSet, Reduction, Stat
+from foreshock.ingest.contract import partition_of
 
 __all__ = [
     "AGGREGATIONS",
@@ -201,15 +202,21 @@ def reduce_direct(op: str, window: np.ndarray, aux: np.ndarray | None = None) ->
 def add_peer_features(
     table: pd.DataFrame, feature_set: FeatureSet, peer_groups: Mapping[str, str] | None = None
 ) -> pd.DataFrame:
-    """Add the peer columns: each node against the other nodes of the same ``ts``.
+    """Add the peer columns: each node against the other nodes of its peer group at the same ``ts``.
 
-    ``peer_groups`` (node -> group, e.g. the job it runs) narrows the comparison to the node's
-    group; nodes it does not name are compared with each other. ``table`` must be sorted by
-    (ts, node): both engines call this on that order, so group sums add the same sequence.
+    The peer group is the node's partition of the telemetry topics
+    (:attr:`~foreshock.features.spec.FeatureSet.peer_partitions`), so a table holding several
+    partitions' nodes (the batch engine's) and one holding a single partition's (an engine of the
+    risk service) give every node the same values. ``peer_groups`` (node -> group, e.g. the job it
+    runs) narrows the comparison further; nodes it does not name are compared with each other.
+    ``table`` must be sorted by (ts, node): both engines call this on that order, so group sums
+    add the same sequence.
     """
     if not feature_set.peers:
         return table
-    keys = [table["ts"]]
+    codes, nodes = pd.factorize(table["node"])
+    group_of = np.array([partition_of(n, feature_set.peer_partitions) for n in nodes], dtype=np.int64)
+    keys = [table["ts"], pd.Series(group_of[codes], index=table.index, name="_partition")]
     if peer_groups is not None:
         keys.append(table["node"].map(lambda n: peer_groups.get(n, "")).rename("_group"))
     groups = table.groupby(keys, sort=False)

@@ -389,14 +389,13 @@ class OnlineFeatureEngine:
         ts: int,
         nodes: list[str] | None = None,
         peer_groups: Mapping[str, str] | None = None,
-        peers: bool = True,
     ) -> pd.DataFrame:
         """Rows (``node``, ``ts``, features...) of live nodes at ``floor(ts / bucket) * bucket``.
 
-        Peer features compare each node with every live node (of its group in ``peer_groups``,
-        e.g. node -> job); ``nodes`` then filters the rows. ``peers=False`` leaves them NaN, for
-        a caller that compares over more nodes than this engine holds (the risk service, one
-        engine per partition) and computes them itself.
+        Peer features compare each node with the live nodes of its peer group (its partition,
+        :attr:`~foreshock.features.spec.FeatureSet.peer_partitions`; narrowed to its group in
+        ``peer_groups``, e.g. node -> job); ``nodes`` then filters the rows. An engine fed one
+        partition's records (the risk service's) therefore answers as one fed every partition.
         """
         fs = self.feature_set
         b = fs.bucket_ms
@@ -431,11 +430,7 @@ class OnlineFeatureEngine:
         table = pd.DataFrame(values, columns=[f.name for f in fs.features])
         table.insert(0, "node", names[rows])
         table.insert(1, "ts", np.full(len(rows), end * b, dtype=np.int64))
-        if peers:
-            table = add_peer_features(table, fs, peer_groups)
-        else:
-            table = table.assign(**{p.name: np.nan for p in fs.peers})
-        table = table[["node", "ts", *fs.names]]
+        table = add_peer_features(table, fs, peer_groups)[["node", "ts", *fs.names]]
         if nodes is not None:
             table = table[table["node"].isin(set(nodes))].reset_index(drop=True)
         return table

@@ -146,7 +146,8 @@ class Feature:
 
 @dataclass(frozen=True)
 class PeerFeature:
-    """How a node's ``base`` feature compares with every other live node at the same tick.
+    """How a node's ``base`` feature compares with the other live nodes of its peer group at the
+    same tick (the group: :attr:`FeatureSet.peer_partitions`).
 
     ``kind="z"``: (x - mean) / std over the nodes (0 where std is 0); ``kind="rank"``: the
     percentile rank in (0, 1] (ties share their average rank). Missing values stay missing.
@@ -171,6 +172,13 @@ class FeatureSet:
     ``repaired`` or ``up`` event at r): a row at t > r reads only the buckets that begin at or
     after r. Without it, a node back from a quick repair still shows the burst that preceded
     its failure, and raises a false alarm for a fault that was just fixed.
+    ``peer_partitions``: peer features compare a node with the live nodes of its *peer group*,
+    the nodes that share its partition of a telemetry topic with this many partitions (the
+    contract's partitioner, :func:`foreshock.ingest.contract.partition_of`). Why not the whole
+    cluster: the risk service keeps one feature engine per partition and each partition moves
+    through event time at its own pace (or in another process), so a score can be a function of
+    its partition's records alone only if its peers are in that partition. Topics whose number
+    of partitions divides this one keep every group inside one partition, hence one engine.
     """
 
     features: tuple[Feature, ...]
@@ -180,6 +188,7 @@ class FeatureSet:
     live_ms: int = 300_000
     version: str = "1"
     reset_on_return: bool = True
+    peer_partitions: int = 8
 
     def __post_init__(self) -> None:
         from foreshock.features.kernels import AGGREGATIONS  # the kernel table validates the specs
@@ -210,6 +219,8 @@ class FeatureSet:
         for p in self.peers:
             if p.base.name not in base_names:
                 raise ValueError(f"{p.name}: base feature is not in the set")
+        if self.peer_partitions < 1:
+            raise ValueError("peer_partitions must be >= 1")
         if self.live_ms % self.bucket_ms or self.live_ms <= 0:
             raise ValueError("live_ms must be a positive multiple of bucket_ms")
         codes = [c for cs in self.xid_classes.values() for c in cs]
@@ -239,6 +250,7 @@ class FeatureSet:
             "bucket_ms": self.bucket_ms,
             "live_ms": self.live_ms,
             "reset_on_return": self.reset_on_return,
+            "peer_partitions": self.peer_partitions,
             "xid_classes": {k: sorted(v) for k, v in sorted(self.xid_classes.items())},
             "features": [f.to_json() for f in self.features],
             "peers": [{"base": p.base.name, "kind": p.kind} for p in self.peers],
@@ -289,5 +301,6 @@ class FeatureSet:
         feats = tuple(f for f in self.features if f.name in keep)
         peers = tuple(p for p in self.peers if p.name in keep and p.base in feats)
         return FeatureSet(
-            feats, peers, self.xid_classes, self.bucket_ms, self.live_ms, self.version, self.reset_on_return
+            feats, peers, self.xid_classes, self.bucket_ms, self.live_ms, self.version, self.reset_on_return,
+            self.peer_partitions,
         )

@@ -11,11 +11,12 @@ against a real broker.
 from __future__ import annotations
 
 import threading
-import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from foreshock.ingest.contract import partition_of
 
 __all__ = ["Message", "Consumer", "Bus", "InMemoryBus", "partition_for", "AssignListener"]
 
@@ -28,13 +29,18 @@ it returns any record, so a stateful consumer can restore state and ``seek`` (Ka
 @dataclass(frozen=True, slots=True)
 class Message:
     """One message as consumed: where it sits in the log and its raw bytes (None: a tombstone,
-    which any Kafka producer may write; :func:`foreshock.ingest.contract.decode` refuses it)."""
+    which any Kafka producer may write; :func:`foreshock.ingest.contract.decode` refuses it).
+
+    ``timestamp``: the log's time of the message (epoch ms; Kafka's CreateTime or LogAppendTime),
+    None where the bus keeps none. It is part of the log, so every read of the message sees it.
+    """
 
     topic: str
     partition: int
     offset: int
     key: str | None
     value: bytes | None
+    timestamp: int | None = None
 
 
 class Consumer(Protocol):
@@ -86,8 +92,9 @@ def commit_positions(messages: Iterable[Message]) -> dict[tuple[str, int], int]:
 
 
 def partition_for(key: str, partitions: int) -> int:
-    """Stable key -> partition mapping of the in-memory bus (Kafka uses murmur2; any stable hash will do)."""
-    return zlib.crc32(key.encode()) % partitions
+    """Key -> partition of the in-memory bus: the contract's partitioner (murmur2, as Kafka's Java
+    client), so a node shares a partition, and peer group, with the same nodes as on a broker."""
+    return partition_of(key, partitions)
 
 
 class InMemoryBus:

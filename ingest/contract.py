@@ -26,6 +26,7 @@ Adding an optional field is not such a change, so within one major version:
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -57,6 +58,7 @@ __all__ = [
     "decode",
     "TOMBSTONE_REASON",
     "topic_of",
+    "partition_of",
 ]
 
 SCHEMA_VERSION: Final = 1
@@ -352,6 +354,25 @@ _decoders: dict[str, msgspec.json.Decoder] = {
 def topic_of(record: Any) -> str:
     """The topic a record type travels on."""
     return _TOPIC_OF[type(record)]
+
+
+@lru_cache(maxsize=1 << 16)
+def partition_of(node: str, partitions: int) -> int:
+    """The partition of a topic with ``partitions`` partitions that ``node``'s records go to.
+
+    The contract's partitioner is Kafka's Java default: murmur2 over the UTF-8 key, sign bit
+    cleared, modulo the partition count (computed by the Kafka client's own ``murmur2``, imported
+    only when asked, so the training-side hook that reads this module loads no Kafka client).
+    Every producer must place records this way, because one node's records must share a
+    partition; the in-memory bus places them the same way, and the peer features group nodes by
+    it (:attr:`foreshock.features.spec.FeatureSet.peer_partitions`).
+
+    >>> partition_of("node0001", 8) == partition_of("node0001", 8) < 8
+    True
+    """
+    from kafka.partitioner.default import murmur2
+
+    return (murmur2(node.encode()) & 0x7FFFFFFF) % partitions
 
 
 def encode(records: Any) -> bytes:

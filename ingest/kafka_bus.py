@@ -188,7 +188,8 @@ class KafkaConsumerMember:
             # usual checks (RecordStream dead-letters a record whose node differs from the key).
             out.extend(
                 Message(tp.topic, tp.partition, r.offset,
-                        r.key.decode(errors="replace") if r.key else None, r.value)
+                        r.key.decode(errors="replace") if r.key else None, r.value,
+                        r.timestamp if r.timestamp is not None and r.timestamp >= 0 else None)
                 for r in records
             )
         with self._handover:

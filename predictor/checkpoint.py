@@ -10,10 +10,17 @@ Layout under ``root``::
     p0003/CURRENT                       name of the live generation (replaced atomically)
     p0003/000000000042-1a2b3c4d/engine  whatever the engine's ``save(path)`` writes
     p0003/000000000042-1a2b3c4d/meta    msgpack: offsets, watermarks, held records, history
+    p0003/journal                       JSON lines: the cuts made since that generation
 
 A generation is written in full (and fsynced) before ``CURRENT`` is swapped by rename, so a
 ``kill -9`` at any instant leaves either the old or the new checkpoint, never half of one.
 Older generations are deleted after the swap.
+
+The journal holds the decisions taken between two checkpoints that the logs alone do not
+show (:meth:`foreshock.predictor.partition.PartitionState.cut`): an entry is appended and fsynced
+before any score it shaped is published, so whoever restores the partition replays the same
+decisions. A new generation carries what the state still needs of it, so the journal then
+starts afresh; a crash between the two leaves entries that replaying again changes nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ __all__ = ["CheckpointStore", "SavableEngine"]
 _CURRENT = "CURRENT"
 _META = "meta"
 _ENGINE = "engine"
+_JOURNAL = "journal"
 
 
 class SavableEngine(Protocol):
@@ -98,10 +106,35 @@ class CheckpointStore(Generic[E]):
             os.fsync(fh.fileno())
         os.replace(tmp, base / _CURRENT)
         _fsync_dir(base)
+        (base / _JOURNAL).unlink(missing_ok=True)  # the generation's meta holds what is still pending
         for old in base.iterdir():
-            if old != gen and old.name != _CURRENT and not old.name.startswith("."):
+            if old != gen and old.name not in (_CURRENT, _JOURNAL) and not old.name.startswith("."):
                 shutil.rmtree(old, ignore_errors=True)
         return gen
+
+    def journal(self, partition: int, entry: dict[str, Any]) -> None:
+        """Append ``entry`` to ``partition``'s journal, durably (fsynced) before this returns."""
+        base = self._dir(partition)
+        base.mkdir(parents=True, exist_ok=True)
+        with open(base / _JOURNAL, "ab") as fh:
+            fh.write(msgspec.json.encode(entry) + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def journaled(self, partition: int) -> list[dict[str, Any]]:
+        """The entries of ``partition``'s journal, oldest first (a torn last line is left out: its
+        write never returned, so nothing was published after it)."""
+        try:
+            lines = (self._dir(partition) / _JOURNAL).read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(msgspec.json.decode(line))
+            except msgspec.DecodeError:
+                break
+        return out
 
     def load(self, partition: int) -> tuple[E, dict[str, Any]] | None:
         """The live checkpoint of ``partition`` as ``(engine, meta)``, or None when there is none."""

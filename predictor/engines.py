@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-
-from foreshock.features.kernels import add_peer_features
 from foreshock.features.spec import FeatureSet
 
 __all__ = ["OnlineEngines"]
@@ -34,9 +31,3 @@ class OnlineEngines:
         from foreshock.features.online import OnlineFeatureEngine
 
         return OnlineFeatureEngine.load(path, self.feature_set)
-
-    def finish(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """Order one tick's rows by (ts, node), as the batch engine does, and recompute the peer
-        features over all of them (each partition's engine only saw its own nodes)."""
-        frame = frame.sort_values(["ts", "node"], kind="stable", ignore_index=True)
-        return add_peer_features(frame, self.feature_set)

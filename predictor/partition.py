@@ -2,21 +2,32 @@
 
 Scoring runs on **event time**: a partition is scored at every boundary ``T`` (a multiple of
 the scoring period, epoch-aligned) with exactly the records whose time is ``<= T`` applied to
-its feature engine. That makes the scores a function of the logs' contents and order alone, so
-a process restored from a checkpoint and replaying from the checkpointed offsets publishes the
-same scores as one that never stopped, and an accelerated stream (the demo, a replay) is scored
-at its own pace.
+its feature engine, and its peer features compare its own nodes only
+(:attr:`foreshock.features.spec.FeatureSet.peer_partitions`). A partition's scores are therefore
+a function of its own logs, whatever the other partitions' progress or owner: a process restored
+from a checkpoint and replaying from the checkpointed offsets publishes the same scores as one
+that never stopped, and an accelerated stream (the demo, a replay) is scored at its own pace.
 
-Records are therefore held back until their boundary closes. Boundary ``T`` closes when every
-log the process owns has either moved past ``T + lateness`` or has been read to its end (lag 0;
-a sparse topic such as Xid events must not stall scoring). All partitions close ``T`` in the
-same cycle, so cross-node (peer) features at ``T`` see every node the process scores. A record
-that arrives behind its own log's progress by more than ``lateness`` is treated as arriving at
-``progress - lateness``: that keeps the decision a function of each log's own order, never of how
-fetches from different logs interleaved.
+Records are held back until their boundary closes. Each partition closes its own boundaries:
+``T`` closes when every log of the partition (one per telemetry topic) has either moved past
+``T + lateness`` or has been read to its end (lag 0; a sparse topic such as Xid events must not
+stall scoring). A record that arrives behind its own log's progress by more than ``lateness``
+is treated as arriving at ``progress - lateness``: that keeps the decision a function of each
+log's own order, never of how fetches from different logs interleaved.
+
+A log read to its end when ``T`` closed ("passed over") may later receive a record dated before
+``T``: it arrived too late for ``T`` and counts from the next boundary. On a replay that record
+is already in the log, and would count at ``T``. So every time records are applied through some
+``A`` (closing a boundary, an early update, a skip), the passed-over logs get a **cut**: their
+records from the current offset on take effect after ``A`` (:meth:`PartitionState.cut`). The
+service writes each cut to the partition's journal before it publishes the scores it shaped, and
+a restored partition applies the journal's cuts at the same offsets (:meth:`PartitionState.replay`):
+the replay then makes the very decisions the first run made, late arrivals included. Records are
+applied in the order of their effective times, with engine updates split only at ticks and
+boundaries, so the engine sees the same updates whenever and however often they are made.
 
 A record's time must be plausible before it may move any of this (:func:`time_anomaly`): one
-dated past the wall clock, or too far behind its own log for the feature engine to place, is
+dated after its receipt, or too far behind its own log for the feature engine to place, is
 dead-lettered instead, so a single bad stamp (a clock 6 h ahead, ts = 2^53) can neither hold
 back every later record of its log nor be saved into a checkpoint. A stretch of boundaries at
 which a partition has no live node is skipped in one step (:meth:`PartitionState.skip_idle`),
@@ -36,7 +47,7 @@ from typing import Any, Protocol
 
 from foreshock.ingest.contract import RECORD_TYPES, RETURN_EVENTS, UNAVAILABLE_EVENTS, Topic, decode, encode
 
-__all__ = ["OnlineEngine", "PartitionState", "watermark", "apply_by_tick", "time_anomaly"]
+__all__ = ["OnlineEngine", "PartitionState", "watermark", "apply_by_tick", "time_anomaly", "receipt_of"]
 
 _SERVICE_EVENTS = UNAVAILABLE_EVENTS | RETURN_EVENTS
 
@@ -53,27 +64,31 @@ class OnlineEngine(Protocol):
     def save(self, path: Any) -> Any: ...
 
 
-def watermark(states: Iterable[PartitionState], topics: Sequence[str],
+def _at_end(state: PartitionState, topic: str, lag: Mapping[tuple[str, int], int | None]) -> bool:
+    """Whether the log of ``topic`` in ``state``'s partition has no unread record (lag 0, or not ours)."""
+    tp = (topic, state.partition)
+    return tp not in lag or lag[tp] == 0
+
+
+def watermark(state: PartitionState, topics: Sequence[str],
               lag: Mapping[tuple[str, int], int | None]) -> int | None:
-    """Time up to which every owned log has been read (None: unknown yet).
+    """Time up to which every log of ``state``'s partition has been read (None: unknown yet).
 
     A log read to its end (lag 0) holds nothing older and does not hold the others back; a log
     with unread records that we have never read from may hold anything, so the answer is None.
+    Other partitions do not count: each partition moves at its own pace.
     """
     bounded: list[int] = []
-    seen: list[int] = []
-    for state in states:
-        for topic in topics:
-            if (topic, state.partition) not in lag or lag[(topic, state.partition)] == 0:
-                continue
-            progress = state.progress.get(topic)
-            if progress is None:
-                return None
-            bounded.append(progress)
-        seen.extend(state.progress.values())
+    for topic in topics:
+        if _at_end(state, topic, lag):
+            continue
+        progress = state.progress.get(topic)
+        if progress is None:
+            return None
+        bounded.append(progress)
     if bounded:
         return min(bounded)
-    return max(seen, default=None)
+    return max(state.progress.values(), default=None)
 
 
 def time_anomaly(state: PartitionState, topic: str, records: Sequence[Any], receipt_ms: int, *,
@@ -83,14 +98,20 @@ def time_anomaly(state: PartitionState, topic: str, records: Sequence[Any], rece
     Checked before :meth:`PartitionState.add`, so a refused message moves neither the log's progress,
     nor the first boundary, nor the engine's watermark, and is never saved into a checkpoint.
 
-    - **Future:** a record dated more than ``future_ms`` after ``receipt_ms`` (the wall clock when
-      the poll returned). A log's own event time cannot be the reference here: a record after a
-      real gap (a broker outage, the only node of a partition rebooting, a quiet night) is exactly
-      as far ahead of it as a wrong one, and refusing it would refuse every record after the gap,
-      for good. Telemetry cannot come from the future, so this also covers the very first record
-      of a partition, which has no event time to compare with. What it does not catch is a jump
-      *within* the past (a replay of last year's data with one record 6 h ahead of the others):
-      such a record is taken as data. The hosts' clocks must agree within ``future_ms`` (NTP).
+    - **Future:** a record dated more than ``future_ms`` after ``receipt_ms``: the earlier of the
+      message's log time (:attr:`foreshock.ingest.bus.Message.timestamp`, Kafka's CreateTime or
+      LogAppendTime) and the service's clock when the poll returned (see :func:`receipt_of`).
+      The log time is the reference because it is in the log: a replay after a crash meets the
+      same message with the same log time and decides the same, where the service's clock would
+      have moved on and let in a record refused the first time. The service's clock caps it, for
+      a producer whose clock runs ahead (its CreateTime with it). The partition's event time cannot
+      be the reference: a record after a real gap (the only node of a partition rebooting, a
+      collector outage) is exactly as far ahead of it as a wrong one, and refusing it would refuse
+      every record after the gap, for good. Telemetry cannot come from the future, so this also
+      covers the very first record of a partition, which has no event time to compare with. What
+      it does not catch is a jump *within* the past (a replay of last year's data with one record
+      6 h ahead of the others): such a record is taken as data. Clocks must agree within
+      ``future_ms`` (NTP).
     - **Past:** a record older than its own log's newest record (``progress``; per (topic,
       partition), because the logs of one partition are read at different paces and a sparse
       log's next record is legitimately far behind a dense one) by more than ``past_ms`` —
@@ -114,6 +135,12 @@ def time_anomaly(state: PartitionState, topic: str, records: Sequence[Any], rece
     return None
 
 
+def receipt_of(log_ms: int | None, clock_ms: int) -> int:
+    """The receipt time a message's records are judged against (:func:`time_anomaly`): its log time,
+    capped by the service's clock; the clock alone where the bus keeps no log time."""
+    return clock_ms if log_ms is None else min(log_ms, clock_ms)
+
+
 def apply_by_tick(engine: OnlineEngine, timed: Sequence[tuple[int, Any, Any]], tick_ms: int) -> None:
     """Feed ``(time, _, record)`` items, sorted by time, to ``engine`` in one update per tick.
 
@@ -133,7 +160,9 @@ class PartitionState:
     """Engine, held records, log progress and next boundary of one partition number.
 
     ``positions`` holds the next offset to read per ``(topic, partition)``; ``progress`` the
-    highest record time read per topic. Both travel in the checkpoint with the held records.
+    highest record time read per topic; ``floors`` the least effective time of a record read from
+    now on per topic (set by cuts); ``applied_until`` the effective time through which held records
+    have gone into the engine. All travel in the checkpoint with the held records.
     """
 
     def __init__(self, partition: int, engine: OnlineEngine, period_ms: int, lateness_ms: int = 0,
@@ -148,6 +177,10 @@ class PartitionState:
         self.positions: dict[tuple[str, int], int] = {}
         self.progress: dict[str, int] = {}
         self.next_boundary: int | None = None
+        self.floors: dict[str, int] = {}
+        self.applied_until: int | None = None
+        # per topic, the (offset, floor) cuts an earlier run made that this one has not read up to yet
+        self._replay: dict[str, list[tuple[int, int]]] = {}
         self._closed_any = False  # until the first close, an earlier record moves the first boundary
         # per node, its changes of service (effective time, out of service?) read so far, in time
         # order; read as of a boundary, so it does not matter that they arrive ahead of it
@@ -158,8 +191,9 @@ class PartitionState:
     # ---- intake --------------------------------------------------------------------------
     def add(self, topic: str, offset: int, records: Sequence[Any]) -> None:
         """Take one consumed message's records (already decoded and validated)."""
+        self._reach(topic, offset)
         self.positions[(topic, self.partition)] = offset + 1
-        floor = self.progress.get(topic, -1) - self.lateness_ms
+        floor = max(self.progress.get(topic, -1) - self.lateness_ms, self.floors.get(topic, -1))
         held = self._held
         first = None
         node_events = topic == Topic.NODE_EVENTS
@@ -201,6 +235,59 @@ class PartitionState:
         cut = bisect.bisect_right(self._held, until, key=lambda item: item[0])
         apply_by_tick(self.engine, self._held[:cut], self.tick_ms)
         del self._held[:cut]
+        self._passed(until)
+
+    def _passed(self, until: int) -> None:
+        if self.applied_until is None or until > self.applied_until:
+            self.applied_until = until
+
+    # ---- cuts ----------------------------------------------------------------------------
+    def cut(self, topics: Sequence[str], lag: Mapping[tuple[str, int], int | None]) -> dict[str, Any] | None:
+        """After records were applied through :attr:`applied_until` with the logs' lags ``lag``:
+        make the records that the logs read to their end ("passed over") bring from now on take
+        effect after it. Returns the journal entry that lets a replay do the same, or None.
+
+        A log that had unread records held the watermark back, so its next records are dated past
+        the point applied (see :func:`watermark`); so is a log whose newest record is more than
+        ``lateness`` past it. Any other log could still bring a record dated before that point,
+        which the engine did not see in time: it counts from here on, and the journal keeps where
+        (the log's next offset) so that a replay, which finds that record already in the log,
+        counts it at the same place rather than before.
+        """
+        until = self.applied_until
+        if until is None:
+            return None
+        cuts: dict[str, int] = {}
+        for topic in topics:
+            if not _at_end(self, topic, lag):
+                continue
+            progress = self.progress.get(topic)
+            if progress is not None and progress - self.lateness_ms > until:
+                continue
+            if self.floors.get(topic, -1) <= until:
+                self.floors[topic] = until + 1
+                cuts[topic] = self.positions.get((topic, self.partition), 0)
+        return {"until": until, "cuts": cuts} if cuts else None
+
+    def replay(self, entries: Iterable[Mapping[str, Any]]) -> None:
+        """Take the journal's cuts (of :meth:`cut`, written by a run this one continues): each takes
+        effect when this state reads its log at or past the offset it names."""
+        for entry in entries:
+            floor = int(entry["until"]) + 1
+            for topic, offset in entry["cuts"].items():
+                bisect.insort(self._replay.setdefault(topic, []), (int(offset), floor))
+
+    def pending_cuts(self) -> list[dict[str, Any]]:
+        """The replayed cuts not reached yet, as journal entries (a checkpoint keeps them)."""
+        return [{"until": floor - 1, "cuts": {topic: offset}}
+                for topic, pending in sorted(self._replay.items()) for offset, floor in pending]
+
+    def _reach(self, topic: str, offset: int) -> None:
+        pending = self._replay.get(topic)
+        while pending and pending[0][0] <= offset:
+            _, floor = pending.pop(0)
+            if floor > self.floors.get(topic, -1):
+                self.floors[topic] = floor
 
     def away_at(self, t: int) -> set[str]:
         """Nodes out of service at ``t``: their last change of service at or before ``t`` took them
@@ -231,6 +318,7 @@ class PartitionState:
         target = horizon if first is None else min(horizon, -(-first // self.period_ms) * self.period_ms)
         if target > self.next_boundary:
             self.next_boundary = target
+            self._passed(target - self.period_ms)  # nothing held is due there: as if applied
 
     def close(self, boundary: int) -> None:
         """Make the engine hold every record ``<= boundary``; the caller reads its features at
@@ -252,6 +340,9 @@ class PartitionState:
             "progress": dict(self.progress),
             "next_boundary": self.next_boundary,
             "closed_any": self._closed_any,
+            "floors": dict(self.floors),
+            "applied_until": self.applied_until,
+            "replay": self.pending_cuts(),
             "service": [[node, [list(c) for c in changes]] for node, changes in self._service.items()],
             "held": [[topic, eff, encode(rs)] for (topic, eff), rs in groups.items()],
         }
@@ -267,6 +358,9 @@ class PartitionState:
         state.progress = {t: int(v) for t, v in meta["progress"].items()}
         state.next_boundary = meta["next_boundary"]
         state._closed_any = bool(meta.get("closed_any", True))  # older checkpoints: the boundary stays
+        state.floors = {t: int(v) for t, v in meta.get("floors", {}).items()}
+        state.applied_until = meta.get("applied_until")
+        state.replay(meta.get("replay", ()))
         # checkpoints written before nodes' service was kept hold none: every node in service
         state._service = {node: [(int(ts), bool(out)) for ts, out in changes]
                           for node, changes in meta.get("service", ())}

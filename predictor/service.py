@@ -4,25 +4,31 @@ One loop, one thread (:meth:`RiskService.run`); the HTTP API only reads what it 
 
     poll a micro-batch ─► hold each record in its partition's state (dead letters go out: what
            does not decode, and what is dated implausibly, see foreshock.predictor.partition.time_anomaly)
-        ─► close every event-time boundary that is due: apply the held records <= T to the
-           partition's feature engine, read the features at T   (see foreshock.predictor.partition)
+        ─► in each partition, close every event-time boundary that is due by that partition's own
+           logs: apply the held records <= T to its feature engine, read the features at T, peers
+           included (a node's peers share its partition)   (see foreshock.predictor.partition)
+        ─► journal the partitions' cuts (where a log read to its end stood when T closed)
         ─► score every (node, T) row of the cycle in one batched model call
         ─► publish RiskScore records to risk.scores, update the board and the metrics
         ─► checkpoints, spread over the period: every period / (partitions owned), flush the bus
            (scores and dead letters durable), write the checkpoint (engine + offsets + held
            records) of the changed partition saved longest ago, then commit its offsets.
 
-State is per partition number; after a rebalance (another process joined or died) or a restart,
-each newly owned partition is restored from its checkpoint and its logs are sought to the
+State is per partition number, and partitions share nothing: each closes its boundaries as its
+own logs allow (a partition far behind in a catch-up holds none of the others back, and is
+never skipped for them), and a boundary's scores depend on its partition's records alone. After
+a rebalance (another process joined or died) or a restart, each newly owned partition is
+restored from its checkpoint, takes its journal's cuts, and its logs are sought to the
 checkpointed offsets before any record is read, so replay reproduces the same scores.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,7 +42,14 @@ from foreshock.models.artifact import RiskModel
 from foreshock.predictor.checkpoint import CheckpointStore
 from foreshock.predictor.metrics import ServiceMetrics
 from foreshock.predictor.model_source import ModelSource, check_model
-from foreshock.predictor.partition import OnlineEngine, PartitionState, apply_by_tick, time_anomaly, watermark
+from foreshock.predictor.partition import (
+    OnlineEngine,
+    PartitionState,
+    apply_by_tick,
+    receipt_of,
+    time_anomaly,
+    watermark,
+)
 from foreshock.predictor.scoring import RiskBoard, score_frame
 
 __all__ = ["ServiceConfig", "EngineFactory", "RiskService", "NotReady"]
@@ -51,8 +64,6 @@ class NotReady(RuntimeError):
 class EngineFactory(Protocol):
     """Makes and restores online feature engines of one feature set.
 
-    ``finish(frame)`` completes the rows of one tick gathered from several engines (one per
-    partition): cross-node features such as peer z-scores must be computed over all of them.
     ``tick_ms``: features change only at multiples of it (the engine's bucket).
     ``tolerance_ms``: the engines' allowance for records out of order; a record further behind
     its log than lateness plus this cannot be placed and is dead-lettered.
@@ -65,8 +76,6 @@ class EngineFactory(Protocol):
     def new(self) -> OnlineEngine: ...
 
     def load(self, path: Path) -> OnlineEngine: ...
-
-    def finish(self, frame: pd.DataFrame) -> pd.DataFrame: ...
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,7 @@ class ServiceConfig:
     history: int = 60
     ready_lag: int = 0  # messages behind the topics at most, once, before the first "ready"
     max_lag: int = 10_000  # messages behind the topics beyond which a ready service is no longer ready
-    future_tolerance_ms: int = 300_000  # how far after its receipt a record may be dated
+    future_tolerance_ms: int = 300_000  # how far after its receipt (log time, clock-capped) it may be dated
 
     def __post_init__(self) -> None:
         if self.score_every_ms <= 0 or self.lateness_ms < 0 or self.checkpoint_every_s <= 0:
@@ -165,7 +174,7 @@ class RiskService:
         dead_before = self._stream.dead_letters
         taken: dict[str, int] = {}
         polled = self._stream.poll(self.config.poll_timeout_s, self.config.max_records)
-        receipt = self.clock()
+        clock = self.clock()
         future_ms = self.config.future_tolerance_ms
         past_ms = self.config.lateness_ms + self.engines.tolerance_ms
         for d in polled:
@@ -174,7 +183,8 @@ class RiskService:
             if state is None:
                 continue
             records = d.records
-            why = time_anomaly(state, m.topic, records, receipt, future_ms=future_ms, past_ms=past_ms)
+            why = time_anomaly(state, m.topic, records, receipt_of(m.timestamp, clock), future_ms=future_ms,
+                               past_ms=past_ms)
             if why is not None:
                 self._stream.dead_letter(m, why)
                 records = []  # its offset is still taken: the commit passes it
@@ -211,43 +221,35 @@ class RiskService:
 
     def _score_due(self, lag: dict[tuple[str, int], int | None]) -> list[RiskScore]:
         started = time.perf_counter()
-        mark = watermark(self._states.values(), self.config.topics, lag)
-        if mark is None:
-            return []
-        limit = mark - self.config.lateness_ms  # every record up to here has been read
+        limits: dict[int, int] = {}  # per partition: every record up to here has been read
+        for p, state in self._states.items():
+            mark = watermark(state, self.config.topics, lag)
+            if mark is not None:
+                limits[p] = mark - self.config.lateness_ms
+        # the partitions' due boundaries in time order, so that a cycle's row budget is shared
+        # fairly: a partition far behind does not wait for the others' backlog, nor they for its
+        due = [(s.next_boundary, p) for p, s in self._states.items()
+               if p in limits and s.next_boundary is not None and s.next_boundary < limits[p]]
+        heapq.heapify(due)
         frames: list[pd.DataFrame] = []
         rows = 0
-        while True:
-            if rows >= self.config.max_rows_per_cycle:
-                break
-            pending = [s.next_boundary for s in self._states.values() if s.next_boundary is not None]
-            boundary = min(pending, default=None)
-            if boundary is None or limit <= boundary:
-                for state in self._states.values():  # spread the engine work between boundaries
-                    if state.held >= self.config.apply_batch:
-                        state.apply(limit)
-                break
-            # the engine answers at ticks from the buckets before them: asking at the tick after the
-            # boundary reads the current, partial bucket too, which holds exactly the records <= boundary
-            as_of = -(-boundary // self.engines.tick_ms) * self.engines.tick_ms
-            horizon = -(-limit // self.config.score_every_ms) * self.config.score_every_ms
-            tick = []
-            for p, state in sorted(self._states.items()):
-                if state.next_boundary == boundary:
-                    state.close(boundary)
-                    self._dirty.add(p)
-                    rows_of_p = state.engine.features_at(as_of, peers=False)  # finish() compares all
-                    if not len(rows_of_p):
-                        state.skip_idle(as_of, horizon)
-                    tick.append(rows_of_p)
-            frame = self.engines.finish(pd.concat(tick, ignore_index=True))  # peers: every node
-            away = set().union(*(s.away_at(boundary) for s in self._states.values()))
-            if away:
-                frame = frame[~frame["node"].isin(away)].reset_index(drop=True)
-            frame["ts"] = boundary
+        while due and rows < self.config.max_rows_per_cycle:
+            boundary, p = heapq.heappop(due)
+            frame = self._close(p, boundary, limits[p])
             if len(frame):
                 frames.append(frame)
                 rows += len(frame)
+            following = self._states[p].next_boundary
+            if following is not None and following < limits[p]:
+                heapq.heappush(due, (following, p))
+        closing = {p for _, p in due}
+        for p, limit in limits.items():  # spread the engine work between boundaries (whole ticks only)
+            state = self._states[p]
+            early = limit // self.engines.tick_ms * self.engines.tick_ms - 1
+            done = -1 if state.applied_until is None else state.applied_until
+            if p not in closing and state.held >= self.config.apply_batch and early > done:
+                state.apply(early)
+        self._journal(limits, lag)
         if not frames:
             return []
         assert self.model is not None
@@ -261,6 +263,35 @@ class RiskService:
         self.metrics.nodes.set(scored)
         self.metrics.alerts.set(alerts)
         return scores
+
+    def _close(self, p: int, boundary: int, limit: int) -> pd.DataFrame:
+        """Close ``boundary`` in partition ``p``: its rows at ``boundary``, nodes out of service left out."""
+        state = self._states[p]
+        # the engine answers at ticks from the buckets before them: asking at the tick after the
+        # boundary reads the current, partial bucket too, which holds exactly the records <= boundary
+        as_of = -(-boundary // self.engines.tick_ms) * self.engines.tick_ms
+        horizon = -(-limit // self.config.score_every_ms) * self.config.score_every_ms
+        state.close(boundary)
+        self._dirty.add(p)
+        frame = state.engine.features_at(as_of)  # peers: the partition's own nodes
+        if not len(frame):
+            state.skip_idle(as_of, horizon)
+            return frame
+        away = state.away_at(boundary)
+        if away:
+            frame = frame[~frame["node"].isin(away)].reset_index(drop=True)
+        frame["ts"] = boundary
+        return frame
+
+    def _journal(self, partitions: Iterable[int], lag: dict[tuple[str, int], int | None]) -> None:
+        """Cut the passed-over logs of ``partitions`` where this cycle applied records to
+        (:meth:`PartitionState.cut`) and journal the cuts, before any score they shaped is published."""
+        for p in partitions:
+            entry = self._states[p].cut(self.config.topics, lag)
+            if entry is not None:
+                self._dirty.add(p)
+                if self.checkpoints is not None:
+                    self.checkpoints.journal(p, entry)
 
     # ---- durability ----------------------------------------------------------------------
     def checkpoint(self, partitions: Sequence[int] | None = None) -> None:
@@ -313,13 +344,19 @@ class RiskService:
         log.info("assigned partitions %s", sorted(owned))
 
     def _restore(self, p: int) -> PartitionState:
+        """Partition ``p`` as its checkpoint left it (fresh without one), with the cuts journaled since."""
         cfg, tick = self.config, self.engines.tick_ms
-        saved = self.checkpoints.load(p) if self.checkpoints is not None else None
-        if saved is None:
+        if self.checkpoints is None:
             return PartitionState(p, self.engines.new(), cfg.score_every_ms, cfg.lateness_ms, tick)
-        engine, meta = saved
-        self.board.restore(meta.get("board", []))
-        return PartitionState.restore(engine, meta, cfg.score_every_ms, cfg.lateness_ms, tick)
+        saved = self.checkpoints.load(p)
+        if saved is None:
+            state = PartitionState(p, self.engines.new(), cfg.score_every_ms, cfg.lateness_ms, tick)
+        else:
+            engine, meta = saved
+            self.board.restore(meta.get("board", []))
+            state = PartitionState.restore(engine, meta, cfg.score_every_ms, cfg.lateness_ms, tick)
+        state.replay(self.checkpoints.journaled(p))
+        return state
 
     # ---- model ---------------------------------------------------------------------------
     def _install(self, model: RiskModel) -> None:
@@ -395,7 +432,7 @@ class RiskService:
         if at is None:  # just after the tick that completes the last record's bucket
             tick = self.engines.tick_ms
             at = (max(r.ts for r in records) // tick + 1) * tick
-        return score_frame(model, self.engines.finish(engine.features_at(at, peers=False)), self.config.top_k)
+        return score_frame(model, engine.features_at(at), self.config.top_k)
 
     def _model_or_raise(self) -> RiskModel:
         if self.model is None:

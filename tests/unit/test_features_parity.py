@@ -10,6 +10,7 @@ Also: save/restore mid-stream gives identical results, and late records are coun
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -21,10 +22,10 @@ from hypothesis import strategies as st
 from foreshock.features import DEFAULT_FEATURE_SET, Feature, FeatureSet, PeerFeature
 from foreshock.features.batch import compute_features
 from foreshock.features.default_set import XID_CLASSES
-from foreshock.features.kernels import AGGREGATIONS, add_peer_features
+from foreshock.features.kernels import AGGREGATIONS
 from foreshock.features.online import OnlineFeatureEngine
 from foreshock.features.spec import GPU_COUNTERS
-from foreshock.ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent
+from foreshock.ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent, partition_of
 
 M = 60_000
 T0 = 1_767_225_600_000  # 2026-01-01
@@ -41,7 +42,8 @@ _FIELD_FOR_KIND = {
 
 
 def registry_feature_set(bucket_ms: int = M) -> FeatureSet:
-    """Every aggregation of the registry, on every kind it applies to, over short windows."""
+    """Every aggregation of the registry, on every kind it applies to, over short windows; peers in
+    two groups, so that the random streams' few nodes share one."""
     feats = []
     for name, agg in AGGREGATIONS.items():
         for kind in sorted(agg.kinds):
@@ -56,7 +58,7 @@ def registry_feature_set(bucket_ms: int = M) -> FeatureSet:
         PeerFeature(by["gpu_temp__mean__7m"], "rank"),
         PeerFeature(by["ecc_sbe_vol_total__increase__7m"], "z"),
     )
-    return FeatureSet(tuple(feats), peers, XID_CLASSES, bucket_ms=bucket_ms, live_ms=3 * M)
+    return FeatureSet(tuple(feats), peers, XID_CLASSES, bucket_ms=bucket_ms, live_ms=3 * M, peer_partitions=2)
 
 
 REGISTRY_SET = registry_feature_set()
@@ -329,18 +331,31 @@ def test_peer_features_compare_within_the_group():
     assert not table["peer_z__gpu_temp__max__3m"].equals(cluster["peer_z__gpu_temp__max__3m"])
 
 
-def test_peer_columns_left_to_the_caller_are_the_only_difference():
+def test_an_engine_fed_one_partition_answers_for_its_nodes_as_one_fed_every_partition():
+    """The risk service runs one engine per partition: the peers of a node are its partition's nodes,
+    so that engine's rows equal those of an engine that holds the whole cluster (and the batch
+    engine's), and differ from a comparison with the whole cluster."""
     fs = REGISTRY_SET
-    assert fs.peers, "the set must have peer features for this test to mean anything"
     frames, arrival = make_stream(3, 60_000)
+    nodes = sorted(frames["gpu"]["node"].unique())
+    group = {n: partition_of(n, fs.peer_partitions) for n in nodes}
+    assert sorted(group.values()) == [0, 0, 1, 1], "seed 3: two groups of two nodes"
     first = min(int(a.min()) for a in arrival.values() if len(a))
     last = max(int(a.max()) for a in arrival.values() if len(a)) + 1
-    engine = OnlineFeatureEngine(fs, tolerance_ms=60_000)
-    feed(engine, frames, arrival, first, last, False)
+    whole = OnlineFeatureEngine(fs, tolerance_ms=60_000)
+    feed(whole, frames, arrival, first, last, False)
     t = (last // M) * M
-    full, bare = engine.features_at(t), engine.features_at(t, peers=False)
+    everyone = whole.features_at(t)
+    for g in (0, 1):
+        mine = [n for n in nodes if group[n] == g]
+        kept = {k: df[df["node"].isin(mine)].reset_index(drop=True) for k, df in frames.items()}
+        engine = OnlineFeatureEngine(fs, tolerance_ms=60_000)
+        feed(engine, kept, {k: arrival[k][frames[k]["node"].isin(mine).to_numpy()] for k in frames},
+             first, last, False)
+        expect = everyone[everyone["node"].isin(mine)].reset_index(drop=True)
+        assert len(expect) == 2
+        pd.testing.assert_frame_equal(engine.features_at(t), expect)
+    cluster = OnlineFeatureEngine(dataclasses.replace(fs, peer_partitions=1), tolerance_ms=60_000)
+    feed(cluster, frames, arrival, first, last, False)
     peers = [p.name for p in fs.peers]
-    assert len(full) and bare[peers].isna().all().all()
-    assert list(bare.columns) == list(full.columns)
-    pd.testing.assert_frame_equal(bare.drop(columns=peers), full.drop(columns=peers))
-    pd.testing.assert_frame_equal(add_peer_features(bare, fs), full)
+    assert not cluster.features_at(t)[peers].equals(everyone[peers])

@@ -54,7 +54,7 @@ def sim():
 
 
 def test_every_node_is_scored_at_every_boundary_as_one_engine_would(sim, risk_model_dir, tmp_path):
-    bus = InMemoryBus(partitions=3)
+    bus = InMemoryBus(partitions=4)  # divides the feature set's peer_partitions: each group in one engine
     stream(sim, bus)
     svc = make_service(bus, risk_model_dir, tmp_path)
     scores = drain(svc)
