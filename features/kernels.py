@@ -31,6 +31,9 @@ __all__ = [
     "empty_value",
     "reduce_direct",
     "add_peer_features",
+    "robust_z",
+    "MAD_SCALE",
+    "MEAN_AD_SCALE",
 ]
 
 EXACT_STAT_KINDS: Final = frozenset({"n", "above", "inc", "incgpus", "count", "down", "records"})
@@ -225,9 +228,34 @@ def add_peer_features(
         if p.kind == "rank":
             table[p.name] = groups[p.base.name].rank(pct=True, method="average").astype(np.float64)
             continue
-        mean = groups[p.base.name].transform("mean")
-        std = groups[p.base.name].transform("std", ddof=0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            z = np.where(std > 0, (col - mean) / std, 0.0)
-        table[p.name] = np.where(col.isna(), np.nan, z)
+        table[p.name] = robust_z(col, groups[p.base.name].transform("median"), keys)
     return table
+
+
+MAD_SCALE: Final = 1.482602218505602
+"""1 / Φ⁻¹(3/4): the median absolute deviation times this estimates σ of normal data."""
+MEAN_AD_SCALE: Final = 1.2533141373155001
+"""√(π/2): the mean absolute deviation times this estimates σ of normal data."""
+
+
+def robust_z(col: pd.Series, centre: pd.Series, keys: list[pd.Series]) -> np.ndarray:
+    """``(x - median) / scale`` per group of ``keys`` (``centre``: each row's group median), where
+    the scale is the median absolute deviation from the median (times :data:`MAD_SCALE`).
+
+    Why not mean and standard deviation: one broken sensor (a reading at the contract's bound, a
+    counter gone wild) moves a group's mean and inflates its deviation, and with them every other
+    node's score. The median and the MAD stay put while one node in a group of three or more
+    moves anywhere on its side. Where more than half the group shares one value (counters that
+    mostly stay at 0) the MAD is 0 and the mean absolute deviation from the median (times
+    :data:`MEAN_AD_SCALE`) is the scale instead (the usual fallback of the modified z-score): the
+    nodes at the median still read 0 whatever the others do, and the few that differ are told
+    apart, though there one extreme node does shrink the others' values. A group without spread
+    reads 0; a missing value stays missing.
+    """
+    dev = (col - centre).abs()
+    by = dev.groupby(keys, sort=False)
+    mad, mean_ad = by.transform("median"), by.transform("mean")
+    scale = np.where(mad > 0, MAD_SCALE * mad, MEAN_AD_SCALE * mean_ad)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(scale > 0, (col - centre) / scale, 0.0)
+    return np.where(col.isna(), np.nan, z)

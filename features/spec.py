@@ -149,8 +149,10 @@ class PeerFeature:
     """How a node's ``base`` feature compares with the other live nodes of its peer group at the
     same tick (the group: :attr:`FeatureSet.peer_partitions`).
 
-    ``kind="z"``: (x - mean) / std over the nodes (0 where std is 0); ``kind="rank"``: the
-    percentile rank in (0, 1] (ties share their average rank). Missing values stay missing.
+    ``kind="z"``: the robust z-score, (x - median) / (1.4826 MAD) over the nodes (the mean
+    absolute deviation where the MAD is 0; 0 where the nodes do not differ), so one broken sensor
+    does not move its peers' values (:func:`foreshock.features.kernels.robust_z`); ``kind="rank"``:
+    the percentile rank in (0, 1] (ties share their average rank). Missing values stay missing.
     """
 
     base: Feature
@@ -254,6 +256,7 @@ class FeatureSet:
             "xid_classes": {k: sorted(v) for k, v in sorted(self.xid_classes.items())},
             "features": [f.to_json() for f in self.features],
             "peers": [{"base": p.base.name, "kind": p.kind} for p in self.peers],
+            "peer_z": "median-mad",  # the z kernel: a model of another kernel must not be served
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 

@@ -4,6 +4,26 @@ Records are msgspec Structs so that decoding *is* validation: a record that does
 its type, carries another schema version, a negative timestamp or an empty node id raises
 :class:`RecordError` naming the field, and never reaches a feature engine half-formed.
 
+Physical bounds. A reading no device can produce (``gpu_temp = -1e308``, ``fb_used = -5``) is
+refused like a wrong type: the whole record, with a reason naming the field and the bound (such
+as ``Expected `float` >= 0.0 - at `$[0].fb_used```), so every consumer dead-letters it with its
+original bytes. The rule is the same for every field, deliberately: such a value means the
+sensor or the producer is broken, so the other readings of the same sample are suspect too,
+and a dead letter per scrape shows the fault where a silently emptied field would hide it (and,
+through the peer features, shift other nodes' scores). The bounds are wide, to refuse only the
+impossible, never a hot or busy GPU:
+
+- ``gpu_temp``, ``memory_temp``: -50 to 200 °C;
+- ``power_usage``: 0 to 10,000 W;
+- ``sm_clock``, ``mem_clock``: 0 to 100,000 MHz;
+- ``gpu_util``, ``mem_copy_util``: 0 to 100 %;
+- ``fb_used``, ``fb_free``: 0 to 2^24 MiB (16 TiB);
+- every counter and count, ``clocks_event_reasons``, ``xid_errors``, the row-remap flags: >= 0;
+- ``LinkSample.rate_gbps``: 0 to 100,000 Gb/s.
+
+A field the device does not report stays ``None``; ``extra`` (series the contract does not
+name, which no feature reads) is not bounded.
+
 On the wire a Kafka message is UTF-8 JSON holding either one record or an array of records of
 the topic's type for one node (one scrape of a node's eight GPUs is one message). Timestamps
 are integer epoch milliseconds, UTC. GPU field names are DCGM's (``DCGM_FI_DEV_GPU_TEMP`` ->
@@ -87,6 +107,11 @@ Version = Literal[1]
 EpochMs = Annotated[int, msgspec.Meta(ge=0, le=MAX_EPOCH_MS)]
 NodeId = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
+Celsius = Annotated[float, msgspec.Meta(ge=-50.0, le=200.0)]
+Watts = Annotated[float, msgspec.Meta(ge=0.0, le=10_000.0)]
+MHz = Annotated[float, msgspec.Meta(ge=0.0, le=100_000.0)]
+Percent = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]
+MiB = Annotated[float, msgspec.Meta(ge=0.0, le=float(2**24))]
 
 
 def _schema_version() -> int:
@@ -119,38 +144,38 @@ class GpuSample(_Record):
     uuid: str | None = None
     pci_bus_id: str | None = None
     model_name: str | None = None
-    # gauges
-    gpu_temp: float | None = None
-    memory_temp: float | None = None
-    power_usage: float | None = None
-    sm_clock: float | None = None
-    mem_clock: float | None = None
-    gpu_util: float | None = None
-    mem_copy_util: float | None = None
-    fb_used: float | None = None
-    fb_free: float | None = None
-    clocks_event_reasons: int | None = None
-    xid_errors: int | None = None
-    row_remap_failure: int | None = None
-    row_remap_pending: int | None = None
+    # gauges (physical bounds: see the module docstring)
+    gpu_temp: Celsius | None = None
+    memory_temp: Celsius | None = None
+    power_usage: Watts | None = None
+    sm_clock: MHz | None = None
+    mem_clock: MHz | None = None
+    gpu_util: Percent | None = None
+    mem_copy_util: Percent | None = None
+    fb_used: MiB | None = None
+    fb_free: MiB | None = None
+    clocks_event_reasons: Count | None = None
+    xid_errors: Count | None = None
+    row_remap_failure: Count | None = None
+    row_remap_pending: Count | None = None
     # cumulative counters
-    ecc_sbe_vol_total: int | None = None
-    ecc_dbe_vol_total: int | None = None
-    ecc_sbe_agg_total: int | None = None
-    ecc_dbe_agg_total: int | None = None
-    retired_sbe: int | None = None
-    retired_dbe: int | None = None
-    retired_pending: int | None = None
-    correctable_remapped_rows: int | None = None
-    uncorrectable_remapped_rows: int | None = None
-    pcie_replay_counter: int | None = None
-    nvlink_crc_flit_error_count_total: int | None = None
-    nvlink_crc_data_error_count_total: int | None = None
-    nvlink_replay_error_count_total: int | None = None
-    nvlink_recovery_error_count_total: int | None = None
-    power_violation: int | None = None
-    thermal_violation: int | None = None
-    total_energy_consumption: int | None = None
+    ecc_sbe_vol_total: Count | None = None
+    ecc_dbe_vol_total: Count | None = None
+    ecc_sbe_agg_total: Count | None = None
+    ecc_dbe_agg_total: Count | None = None
+    retired_sbe: Count | None = None
+    retired_dbe: Count | None = None
+    retired_pending: Count | None = None
+    correctable_remapped_rows: Count | None = None
+    uncorrectable_remapped_rows: Count | None = None
+    pcie_replay_counter: Count | None = None
+    nvlink_crc_flit_error_count_total: Count | None = None
+    nvlink_crc_data_error_count_total: Count | None = None
+    nvlink_replay_error_count_total: Count | None = None
+    nvlink_recovery_error_count_total: Count | None = None
+    power_violation: Count | None = None
+    thermal_violation: Count | None = None
+    total_energy_consumption: Count | None = None
     # series a source reports that the contract does not name (kept, never dropped)
     extra: dict[str, float] | None = None
 
@@ -186,7 +211,7 @@ class LinkSample(_Record):
     kind: Literal["ib", "nvlink", "eth"] = "ib"
     state: str | None = None
     phys_state: str | None = None
-    rate_gbps: float | None = None
+    rate_gbps: Annotated[float, msgspec.Meta(ge=0.0, le=100_000.0)] | None = None
     symbol_error: Count | None = None
     link_error_recovery: Count | None = None
     link_downed: Count | None = None

@@ -122,3 +122,28 @@ def test_a_higher_major_version_is_refused_with_a_reason_naming_it(topic, payloa
         decode(topic, payload)
     assert "unsupported schema version" in info.value.reason and "v1" in info.value.reason
     assert ".v`" in info.value.reason
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("gpu_temp", 1e308), ("gpu_temp", -1e308), ("memory_temp", 250.0), ("fb_used", -5), ("fb_free", 2.0**40),
+     ("power_usage", -1.0), ("gpu_util", 100.5), ("sm_clock", 1e9), ("ecc_dbe_vol_total", -1),
+     ("pcie_replay_counter", -3), ("clocks_event_reasons", -1)],
+)
+def test_a_reading_no_device_can_produce_is_refused_naming_the_field(field, value):
+    payload = msgspec.json.encode([{"v": 1, "node": "n1", "ts": 1, "gpu": 0, "gpu_temp": 60.0},
+                                   {"v": 1, "node": "n1", "ts": 1, "gpu": 1, field: value}])
+    with pytest.raises(RecordError) as info:
+        decode(Topic.GPU, payload)
+    assert f"$[1].{field}" in info.value.reason and ("<=" in info.value.reason or ">=" in info.value.reason)
+
+
+def test_the_bounds_refuse_only_the_impossible():
+    hot_and_busy = GpuSample(node="n1", ts=1, gpu=0, gpu_temp=199.0, memory_temp=-40.0, power_usage=2_700.0,
+                             sm_clock=3_000.0, gpu_util=100.0, mem_copy_util=0.0, fb_used=196_608.0,
+                             fb_free=0.0, ecc_sbe_vol_total=2**63, total_energy_consumption=10**15)
+    assert decode(Topic.GPU, encode(hot_and_busy)) == [hot_and_busy]
+    with pytest.raises(RecordError, match=r"\$\.rate_gbps"):
+        decode(Topic.LINK, b'{"v":1,"node":"n1","ts":1,"port":"mlx5_0:1","rate_gbps":-400}')
+    with pytest.raises(RecordError, match=r"\$\.symbol_error"):
+        decode(Topic.LINK, b'{"v":1,"node":"n1","ts":1,"port":"mlx5_0:1","symbol_error":-1}')
