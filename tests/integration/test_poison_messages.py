@@ -1,6 +1,13 @@
 """Poison from a producer that is not ours, against a real broker: ``foreshock serve`` and
 ``foreshock mitigate`` stay up, dead-letter it with the reason and commit past it.
 
+Into a running serve, halfway through a stream of telemetry, kcat writes every kind of bad message:
+a tombstone, bytes that are not JSON, an empty batch, a field of the wrong type, a missing field,
+an unknown major version, records of another topic's type, readings no device can produce, a
+record whose node is not its key, a key that is not UTF-8, a 7 MiB value, and records dated 6 h
+ahead, at 2^53 and 10 minutes behind their log. Serve stays up and ready, each message is on
+``telemetry.deadletter`` with its reason, and every node is scored as without the poison.
+
 The foreign producer is kcat (librdkafka; Debian's ``kcat``, installed by
 scripts/install-services.sh, which ``make test`` runs). With ``-K: -Z`` a line ``node0001:``
 is a tombstone (key, null value). ``-X topic.partitioner=murmur2_random`` hashes keys as the Java
@@ -20,13 +27,16 @@ import time
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from foreshock.ingest.contract import (
     DEAD_LETTER_MAX_VALUE,
+    MAX_EPOCH_MS,
     TOMBSTONE_REASON,
     GpuSample,
+    NodeEvent,
     RiskScore,
     Topic,
     encode,
@@ -56,6 +66,7 @@ pytestmark = [
 
 SEGMENT_MIN = 30
 PERIOD_MS = 5 * 60_000
+HOUR = 3_600_000
 
 
 def kcat_produce(bootstrap: str, topic: str, lines: list[bytes]) -> None:
@@ -90,42 +101,83 @@ def procs():
         p.stop()
 
 
-def test_serve_dead_letters_foreign_poison_and_scores_as_without_it(kafka_bootstrap, risk_model_dir, procs,
-                                                                    tmp_path):
+def poison_kinds(sim) -> list[tuple[str, bytes, bytes | None, str]]:
+    """Every kind of bad message a foreign producer can write, as (topic, key, value, what its dead
+    letter's reason says): each key a node of ``sim``, so each lands in front of that node's telemetry
+    in its partition. Timed ones are dated against the middle of the run, when they are produced."""
+    middle = sim.start_ms + SEGMENT_MIN // 2 * 60_000
+    gpu = {"v": 1, "node": "node0001", "ts": middle, "gpu": 0, "gpu_temp": 60.0}
+
+    def js(**fields) -> bytes:
+        return msgspec.json.encode({**gpu, **fields})
+
+    return [
+        (Topic.GPU, b"node0001", None, TOMBSTONE_REASON),
+        (Topic.GPU, b"node0001", b"{not json", "malformed JSON"),
+        (Topic.GPU, b"node0002", b"[]", "empty batch"),
+        (Topic.GPU, b"node0001", js(gpu_temp="hot"), "at `$.gpu_temp`"),
+        (Topic.GPU, b"node0001", msgspec.json.encode({"v": 1, "node": "node0001", "gpu": 0}),
+         "missing required field `ts`"),
+        (Topic.GPU, b"node0001", js(v=2), "unsupported schema version (this consumer knows v1)"),
+        (Topic.GPU, b"node0003", encode(NodeEvent(node="node0003", ts=middle, event="failed")),
+         "missing required field `gpu`"),  # a node event on the GPU topic
+        (Topic.XID, b"node0003", encode(GpuSample(node="node0003", ts=middle, gpu=0)),
+         "missing required field `xid`"),  # a GPU sample on the Xid topic
+        (Topic.GPU, b"node0004", js(node="node0004", gpu_temp=-1e308), "at `$.gpu_temp`"),
+        (Topic.GPU, b"node0004", js(node="node0004", fb_used=-5), "at `$.fb_used`"),
+        (Topic.GPU, b"node0005", js(node="node0006"), "does not match message key"),
+        (Topic.GPU, b"\xffnode0006", js(node="node0006"), "does not match message key"),  # key not UTF-8
+        (Topic.GPU, b"node0007", oversize_invalid("node0007"), "at `$["),  # 7 MiB: its letter holds the head
+        (Topic.GPU, b"node0008", js(node="node0008", ts=now_ms() + 6 * HOUR), "after its receipt"),
+        (Topic.GPU, b"node0009", js(node="node0009", ts=MAX_EPOCH_MS), f"ts {MAX_EPOCH_MS} is dated"),
+        (Topic.GPU, b"node0010", js(node="node0010", ts=middle - 10 * 60_000),
+         "behind the newest record of telemetry.gpu"),
+    ]
+
+
+def test_serve_running_dead_letters_every_kind_of_poison_and_scores_as_without_it(
+        kafka_bootstrap, risk_model_dir, procs, tmp_path):
     sim = simulator(minutes=SEGMENT_MIN)
     expected = reference_scores(sim, risk_model_dir, PERIOD_MS)
     letters, scores = TopicReader(kafka_bootstrap, Topic.DEADLETTER), TopicReader(kafka_bootstrap, Topic.RISK)
     letters_mark, scores_mark = letters.mark(), scores.mark()
-    big = oversize_invalid("node0002")  # 7 MiB: its whole base64 dead letter would be 9.3 MiB
-    stray = encode(GpuSample(node="node0003", ts=sim.start_ms, gpu=0, gpu_temp=99.0))
-    kcat_produce(kafka_bootstrap, Topic.GPU, [
-        b"node0001:",  # a tombstone
-        b"node0002:" + big,
-        b"\xffnode0003:" + stray,  # a key that is not UTF-8 (its record must not count)
-    ])
-    bus = KafkaBus(kafka_bootstrap)
-    stream(sim, bus)  # after the poison: serve meets it first in those partitions
-    bus.close()
-
     serve = FolderServe(tmp_path, kafka_bootstrap, risk_model_dir, "poison")
     procs.append(serve)
+    wait_for("serve ready", serve.ready, timeout=90, explain=serve.describe)
+    poison = poison_kinds(sim)
+    middle = sim.start_ms + SEGMENT_MIN // 2 * 60_000
+    bus = KafkaBus(kafka_bootstrap)
+
+    def midway(ts: int) -> None:
+        if ts != middle:
+            return
+        bus.flush()
+        wait_for("serve to score the first half", lambda: any(s.ts >= middle - PERIOD_MS
+                                                                for s in scores.since(scores_mark)),
+                 timeout=120, explain=serve.describe)
+        for topic in (Topic.GPU, Topic.XID):  # into the running serve, in front of the second half
+            lines = [k + b":" + (v or b"") for t, k, v, _ in poison if t == topic]
+            kcat_produce(kafka_bootstrap, topic, lines)
+
+    stream(sim, bus, on_step=midway)
+    bus.close()
     got = wait_for("every risk record", lambda: complete(scores.since(scores_mark), expected), timeout=180,
                    explain=serve.describe)
     assert by_key(got) == expected  # every node, the poisoned keys' nodes included
-    assert serve.ready() and serve.get("/readyz").json()["reason"] == "ready"
-    found = wait_for("three dead letters", lambda: (d := letters.since(letters_mark)) and len(d) >= 3 and d,
-                     timeout=30, explain=serve.describe)
-    dead = {d.key: d for d in found}
-    assert set(dead) == {"node0001", "node0002", "\ufffdnode0003"}
-    assert all(d.topic == Topic.GPU and d.offset is not None for d in dead.values())
-    tomb = dead["node0001"]
-    assert (tomb.value, tomb.reason, tomb.truncated) == (None, TOMBSTONE_REASON, False)
-    cut = dead["node0002"]
-    assert cut.truncated and cut.value == big[:DEAD_LETTER_MAX_VALUE] and "$[" in cut.reason
+    found = wait_for("every dead letter", lambda: (d := letters.since(letters_mark)) and len(d) >= len(poison)
+                     and d, timeout=30, explain=serve.describe)
+    assert len(found) == len(poison)
+    for topic, key, value, why in poison:
+        head = None if value is None else value[:DEAD_LETTER_MAX_VALUE]
+        where = (topic, key.decode(errors="replace"), head)
+        letter = [d for d in found if (d.topic, d.key, d.value) == where]
+        assert len(letter) == 1, f"{key!r}: {value[:60] if value else value}"
+        assert why in letter[0].reason and letter[0].offset is not None, (why, letter[0].reason)
+    cut = next(d for d in found if d.truncated)
+    big = next(v for _, k, v, _ in poison if k == b"node0007")
     assert cut.size == len(big) and cut.sha256 == hashlib.sha256(big).hexdigest()
-    odd = dead["\ufffdnode0003"]
-    assert odd.value == stray and "does not match message key" in odd.reason
-    assert "foreshock_predictor_dead_letters_total 3.0" in serve.get("/metrics").text
+    assert serve.ready() and serve.get("/readyz").json()["reason"] == "ready"
+    assert f"foreshock_predictor_dead_letters_total {len(poison)}.0" in serve.get("/metrics").text
     assert serve.proc.poll() is None
 
 
