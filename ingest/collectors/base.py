@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from foreshock.ingest.stream import now_ms
 
@@ -133,56 +133,49 @@ class ParseResult:
     report: ParseReport
 
 
+T = TypeVar("T")
 CollectorFactory = Callable[[CollectorOptions], Collector]
 FileParser = Callable[[Iterable[bytes], CollectorOptions], ParseResult]
 
-_COLLECTORS: dict[str, CollectorFactory] = {}
-_PARSERS: dict[str, FileParser] = {}
+class Registry(Generic[T]):
+    """Named implementations of one kind (collector factories, file parsers), added by decorator
+    from the module that implements them."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator: make the decorated object available under ``name``."""
+
+        def add(item: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            self._items[name] = item
+            return item
+
+        return add
+
+    def get(self, name: str) -> T:
+        """The object registered as ``name``; an unknown name is a ValueError naming the known ones."""
+        try:
+            return self._items[name]
+        except KeyError:
+            raise ValueError(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
 
 
-def register_collector(name: str) -> Callable[[CollectorFactory], CollectorFactory]:
-    """Decorator: make a collector factory available under ``name``."""
-
-    def add(factory: CollectorFactory) -> CollectorFactory:
-        if name in _COLLECTORS:
-            raise ValueError(f"collector {name!r} registered twice")
-        _COLLECTORS[name] = factory
-        return factory
-
-    return add
+COLLECTORS: Registry[CollectorFactory] = Registry("collector")
+PARSERS: Registry[FileParser] = Registry("parser")
+register_collector = COLLECTORS.register
+register_parser = PARSERS.register
+parser_for = PARSERS.get
+collector_names = COLLECTORS.names
+parser_names = PARSERS.names
 
 
 def create_collector(name: str, options: CollectorOptions) -> Collector:
     """Build the collector registered as ``name``; may raise :class:`CollectorUnavailable`."""
-    try:
-        factory = _COLLECTORS[name]
-    except KeyError:
-        raise ValueError(f"unknown collector {name!r}; known: {', '.join(collector_names())}") from None
-    return factory(options)
-
-
-def collector_names() -> list[str]:
-    return sorted(_COLLECTORS)
-
-
-def register_parser(name: str) -> Callable[[FileParser], FileParser]:
-    """Decorator: make a captured-file parser (lines of bytes -> records + report) available."""
-
-    def add(parser: FileParser) -> FileParser:
-        if name in _PARSERS:
-            raise ValueError(f"parser {name!r} registered twice")
-        _PARSERS[name] = parser
-        return parser
-
-    return add
-
-
-def parser_for(name: str) -> FileParser:
-    try:
-        return _PARSERS[name]
-    except KeyError:
-        raise ValueError(f"unknown parser {name!r}; known: {', '.join(parser_names())}") from None
-
-
-def parser_names() -> list[str]:
-    return sorted(_PARSERS)
+    return COLLECTORS.get(name)(options)
