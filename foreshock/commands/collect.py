@@ -138,113 +138,113 @@ def run_collector(collector: Any, sink: Callable[[list[Any]], None], interval_s:
     return polls
 
 
+def collect(
+    source: Source = typer.Option(..., "--source", help="Which collector: nvml, dcgm, kmsg, ib, or "
+                                  "slurm / kubernetes (node states of the whole cluster, one per "
+                                  "cluster)."),
+    node: str = typer.Option(None, "--node", help="Node id the records carry (the Kafka key); not for "
+                             "slurm / kubernetes, whose records carry the scheduler's node names."),
+    url: str = typer.Option(None, "--url", help="dcgm: dcgm-exporter metrics URL "
+                            "(default http://localhost:9400/metrics)."),
+    path: Path = typer.Option(None, "--path", help="kmsg: /dev/kmsg (default) or a log file to replay "
+                              "and follow; ib: sysfs root (default /sys/class/infiniband); slurm, "
+                              "kubernetes: state file of the node states last published (kept across "
+                              "restarts)."),
+    journal: bool = typer.Option(False, "--journal", help="kmsg: follow `journalctl -k` instead."),
+    interval: str = typer.Option("10s", "--interval", help="Time between polls (10s, 1m, ...)."),
+    kafka: str = typer.Option(None, "--kafka", help="Kafka bootstrap servers to publish to."),
+    stdout: bool = typer.Option(False, "--stdout", help="Print JSON lines instead of publishing."),
+    xid_policy: Path = typer.Option(None, "--xid-policy", help="Operator CSV merged over the "
+                                    "shipped Xid policy."),
+    fold_window: str = typer.Option("10s", "--fold-window", help="Identical Xids within this "
+                                    "window are folded into one counted event."),
+    polls: int = typer.Option(None, "--polls", help="Stop after this many polls (smoke runs)."),
+    buffer: str = typer.Option("16MiB", "--buffer", help="--kafka: memory for polls the broker has "
+                               "not acknowledged yet (an outage's backlog), before --spool-dir."),
+    spool_dir: Path = typer.Option(None, "--spool-dir", help="--kafka: directory for the backlog "
+                                   "that does not fit in --buffer; kept across restarts and sent "
+                                   "first by the next start."),
+    spool_size: str = typer.Option("1GiB", "--spool-size", help="--kafka: most disk --spool-dir "
+                                   "takes. When memory and spool are full the oldest polls are "
+                                   "dropped, counted and logged."),
+    flush_timeout: str = typer.Option("10s", "--flush-timeout", help="--kafka: on SIGTERM, time to "
+                                      "deliver the backlog; what is left stays in --spool-dir or is "
+                                      "reported as unsent."),
+    metrics_port: int = typer.Option(0, "--metrics-port", min=0, max=65535,
+                                     help="Port of the Prometheus /metrics endpoint; 0: off."),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address /metrics listens on."),
+) -> None:
+    """Run a collector until stopped (SIGTERM flushes and exits 0)."""
+    if (kafka is None) == (not stdout):
+        raise typer.BadParameter("give exactly one of --kafka BOOTSTRAP or --stdout")
+    if node is None and source not in _CLUSTER_WIDE:
+        raise typer.BadParameter(f"--source {source.value} needs --node", param_hint="--node")
+    interval_s = _seconds(interval, "--interval")
+    flush_s = _seconds(flush_timeout, "--flush-timeout")
+    memory_bytes, spool_bytes = option_bytes(buffer, "--buffer"), option_bytes(spool_size, "--spool-size")
+    _check_policy(xid_policy)
+    options = CollectorOptions(node=node or "", path=path, url=url, journal=journal,
+                               xid_policy_override=xid_policy,
+                               fold_window_ms=int(_seconds(fold_window, "--fold-window") * 1000))
+    outbox, bus = (_kafka_outbox(kafka, source.value, memory_bytes, spool_dir, spool_bytes)
+                   if kafka is not None else (None, None))
+    deliver = _stdout_sink if outbox is None else (
+        lambda records: outbox.put(_messages(records), len(records)))
+    try:
+        try:
+            collector = create_collector(source.value, options)
+        except CollectorUnavailable as exc:
+            typer.echo(f"foreshock collect: {exc}", err=True)
+            raise typer.Exit(1) from None
+        metrics = CollectorMetrics(source.value, node or "", interval_s, collector=collector,
+                                   outbox=outbox)
+        if metrics_port:
+            _serve_metrics(metrics, metrics_host, metrics_port)
+
+        def sink(records: list[Any]) -> None:
+            metrics.polled(records)
+            deliver(records)
+
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        typer.echo(f"collecting {source.value} on {node or 'the cluster'} every {interval} -> "
+                   f"{'kafka ' + kafka if kafka else 'stdout'}", err=True)
+        run_collector(collector, sink, interval_s, stop, polls)
+    finally:
+        if outbox is not None:
+            summary = outbox.close(flush_s)
+            # What is still unacknowledged was spooled or counted above: no more waiting for it.
+            bus.close(timeout_s=0.0 if summary.records_unsent or summary.records_spooled else 1.0)
+            typer.echo(f"foreshock collect: {summary.line()}", err=True)
+
+def parse(
+    kind: CapturedKind = typer.Argument(..., help="kmsg (kernel log), dcgm (exporter scrape) or ib "
+                                        "(sysfs dump of `path: value` lines)."),
+    file: Path = typer.Argument(..., help="The captured file."),
+    node: str = typer.Option(None, "--node", help="Node id for the records (dcgm default: the "
+                             "Hostname label; others: 'unknown')."),
+    xid_policy: Path = typer.Option(None, "--xid-policy", help="Operator CSV merged over the "
+                                    "shipped Xid policy."),
+    fold_window: str = typer.Option("10s", "--fold-window", help="Identical Xids within this "
+                                    "window are folded."),
+) -> None:
+    """Print a captured file's normalized records as JSON lines; counts on stderr."""
+    _check_policy(xid_policy)
+    options = CollectorOptions(node=node or ("" if kind is CapturedKind.dcgm else "unknown"),
+                               xid_policy_override=xid_policy,
+                               fold_window_ms=int(_seconds(fold_window, "--fold-window") * 1000))
+    try:
+        with open(file, "rb") as handle:
+            result = parser_for(kind.value)(handle, options)
+    except OSError as exc:
+        typer.echo(f"foreshock parse: cannot read {file}: {exc.strerror}", err=True)
+        raise typer.Exit(2) from None
+    _stdout_sink(result.records)
+    typer.echo(f"{file}: {result.report.summary()}, {len(result.records)} records", err=True)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``collect`` and ``parse`` to ``app``."""
-
-    @app.command("collect")
-    def collect(
-        source: Source = typer.Option(..., "--source", help="Which collector: nvml, dcgm, kmsg, ib, or "
-                                      "slurm / kubernetes (node states of the whole cluster, one per "
-                                      "cluster)."),
-        node: str = typer.Option(None, "--node", help="Node id the records carry (the Kafka key); not for "
-                                 "slurm / kubernetes, whose records carry the scheduler's node names."),
-        url: str = typer.Option(None, "--url", help="dcgm: dcgm-exporter metrics URL "
-                                "(default http://localhost:9400/metrics)."),
-        path: Path = typer.Option(None, "--path", help="kmsg: /dev/kmsg (default) or a log file to replay "
-                                  "and follow; ib: sysfs root (default /sys/class/infiniband); slurm, "
-                                  "kubernetes: state file of the node states last published (kept across "
-                                  "restarts)."),
-        journal: bool = typer.Option(False, "--journal", help="kmsg: follow `journalctl -k` instead."),
-        interval: str = typer.Option("10s", "--interval", help="Time between polls (10s, 1m, ...)."),
-        kafka: str = typer.Option(None, "--kafka", help="Kafka bootstrap servers to publish to."),
-        stdout: bool = typer.Option(False, "--stdout", help="Print JSON lines instead of publishing."),
-        xid_policy: Path = typer.Option(None, "--xid-policy", help="Operator CSV merged over the "
-                                        "shipped Xid policy."),
-        fold_window: str = typer.Option("10s", "--fold-window", help="Identical Xids within this "
-                                        "window are folded into one counted event."),
-        polls: int = typer.Option(None, "--polls", help="Stop after this many polls (smoke runs)."),
-        buffer: str = typer.Option("16MiB", "--buffer", help="--kafka: memory for polls the broker has "
-                                   "not acknowledged yet (an outage's backlog), before --spool-dir."),
-        spool_dir: Path = typer.Option(None, "--spool-dir", help="--kafka: directory for the backlog "
-                                       "that does not fit in --buffer; kept across restarts and sent "
-                                       "first by the next start."),
-        spool_size: str = typer.Option("1GiB", "--spool-size", help="--kafka: most disk --spool-dir "
-                                       "takes. When memory and spool are full the oldest polls are "
-                                       "dropped, counted and logged."),
-        flush_timeout: str = typer.Option("10s", "--flush-timeout", help="--kafka: on SIGTERM, time to "
-                                          "deliver the backlog; what is left stays in --spool-dir or is "
-                                          "reported as unsent."),
-        metrics_port: int = typer.Option(0, "--metrics-port", min=0, max=65535,
-                                         help="Port of the Prometheus /metrics endpoint; 0: off."),
-        metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address /metrics listens on."),
-    ) -> None:
-        """Run a collector until stopped (SIGTERM flushes and exits 0)."""
-        if (kafka is None) == (not stdout):
-            raise typer.BadParameter("give exactly one of --kafka BOOTSTRAP or --stdout")
-        if node is None and source not in _CLUSTER_WIDE:
-            raise typer.BadParameter(f"--source {source.value} needs --node", param_hint="--node")
-        interval_s = _seconds(interval, "--interval")
-        flush_s = _seconds(flush_timeout, "--flush-timeout")
-        memory_bytes, spool_bytes = option_bytes(buffer, "--buffer"), option_bytes(spool_size, "--spool-size")
-        _check_policy(xid_policy)
-        options = CollectorOptions(node=node or "", path=path, url=url, journal=journal,
-                                   xid_policy_override=xid_policy,
-                                   fold_window_ms=int(_seconds(fold_window, "--fold-window") * 1000))
-        outbox, bus = (_kafka_outbox(kafka, source.value, memory_bytes, spool_dir, spool_bytes)
-                       if kafka is not None else (None, None))
-        deliver = _stdout_sink if outbox is None else (
-            lambda records: outbox.put(_messages(records), len(records)))
-        try:
-            try:
-                collector = create_collector(source.value, options)
-            except CollectorUnavailable as exc:
-                typer.echo(f"foreshock collect: {exc}", err=True)
-                raise typer.Exit(1) from None
-            metrics = CollectorMetrics(source.value, node or "", interval_s, collector=collector,
-                                       outbox=outbox)
-            if metrics_port:
-                _serve_metrics(metrics, metrics_host, metrics_port)
-
-            def sink(records: list[Any]) -> None:
-                metrics.polled(records)
-                deliver(records)
-
-            stop = threading.Event()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: stop.set())
-            typer.echo(f"collecting {source.value} on {node or 'the cluster'} every {interval} -> "
-                       f"{'kafka ' + kafka if kafka else 'stdout'}", err=True)
-            run_collector(collector, sink, interval_s, stop, polls)
-        finally:
-            if outbox is not None:
-                summary = outbox.close(flush_s)
-                # What is still unacknowledged was spooled or counted above: no more waiting for it.
-                bus.close(timeout_s=0.0 if summary.records_unsent or summary.records_spooled else 1.0)
-                typer.echo(f"foreshock collect: {summary.line()}", err=True)
-
-    @app.command("parse")
-    def parse(
-        kind: CapturedKind = typer.Argument(..., help="kmsg (kernel log), dcgm (exporter scrape) or ib "
-                                            "(sysfs dump of `path: value` lines)."),
-        file: Path = typer.Argument(..., help="The captured file."),
-        node: str = typer.Option(None, "--node", help="Node id for the records (dcgm default: the "
-                                 "Hostname label; others: 'unknown')."),
-        xid_policy: Path = typer.Option(None, "--xid-policy", help="Operator CSV merged over the "
-                                        "shipped Xid policy."),
-        fold_window: str = typer.Option("10s", "--fold-window", help="Identical Xids within this "
-                                        "window are folded."),
-    ) -> None:
-        """Print a captured file's normalized records as JSON lines; counts on stderr."""
-        _check_policy(xid_policy)
-        options = CollectorOptions(node=node or ("" if kind is CapturedKind.dcgm else "unknown"),
-                                   xid_policy_override=xid_policy,
-                                   fold_window_ms=int(_seconds(fold_window, "--fold-window") * 1000))
-        try:
-            with open(file, "rb") as handle:
-                result = parser_for(kind.value)(handle, options)
-        except OSError as exc:
-            typer.echo(f"foreshock parse: cannot read {file}: {exc.strerror}", err=True)
-            raise typer.Exit(2) from None
-        _stdout_sink(result.records)
-        typer.echo(f"{file}: {result.report.summary()}, {len(result.records)} records", err=True)
-
+    app.command("collect")(collect)
+    app.command("parse")(parse)
