@@ -1,32 +1,40 @@
 """The batch engine: telemetry tables -> one feature row per (node, tick) at a fixed cadence.
 
-Rows are computed per group of nodes (bounded memory; the unit Dask distributes): bucketize
-the group's records (:func:`foreshock.features.buckets.bucketize`), lay the buckets on a dense
-(node, bucket) grid per statistic, and evaluate every feature at every tick through the
-kernel table. A tick ``t`` (a multiple of ``cadence_ms``) sees the records with ``ts < t``;
-a node has a row at ``t`` when it sent a record in ``[t - live_ms, t)``. A node's windows read
-nothing from before its last return to service (:mod:`foreshock.features.returns`).
+A dataset is read once, in time order: each table's parts a row group at a time, merged by
+time, and cut into slices at bucket boundaries (:func:`_slices`). Each slice is bucketized
+(:func:`foreshock.features.buckets.bucketize`, carrying each counter's last value across
+slices, so the statistics are those one bucketize of everything would give) and added to a
+bucket history that holds no more than a day plus the longest window. When a day's ticks are
+complete, each group of nodes lays its history on a dense (node, bucket) grid per statistic and
+evaluates every feature at every tick through the kernel table; the day's rows of each peer
+group then get their peer features and go to a sink (memory, or a partition of the feature table:
+:mod:`foreshock.features.table`). Memory holds one slice, the history and one day's rows of one
+peer group, whatever the number of days; datasets too large for one history are read in several
+passes (*units*: sets of peer groups), which Dask runs side by side.
+
+A tick ``t`` (a multiple of ``cadence_ms``) sees the records with ``ts < t``; a node has a row
+at ``t`` when it sent a record in ``[t - live_ms, t)``. A node's windows read nothing from before
+its last return to service (:mod:`foreshock.features.returns`).
 
 Reductions take exact shortcuts the online engine cannot: prefix sums for integer-valued
 statistics, max/min by doubling, a running position for ``last``; float sums (mean, std,
 slope) use the same direct summation as the online engine, so both agree to the last bit on
-those and exactly on the rest.
+those and exactly on the rest. A grid that starts at a day's first window gives the same
+values as one that starts at the first record: every reduction reads only its window.
 """
-
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.lib.stride_tricks import sliding_window_view
 
-from foreshock.features.buckets import Carry, bucketize
+from foreshock.features.buckets import BucketTable, Carry, bucketize
 from foreshock.features.default_set import DEFAULT_FEATURE_SET
 from foreshock.features.frames import KINDS, Codes, needed_columns, to_columns
 from foreshock.features.kernels import (
@@ -38,12 +46,21 @@ from foreshock.features.kernels import (
 )
 from foreshock.features.returns import return_times, window_floors
 from foreshock.features.spec import FeatureSet, Reduction
+from foreshock.features.table import DAY_MS, FeatureTable, Partition, TableIdentity, TableWriter
+from foreshock.features.timeslices import dataset_extent, time_slices
+from foreshock.ingest.contract import partition_of
 from foreshock.ingest.dataset import part_paths, read_events, read_manifest
 
-__all__ = ["compute_features", "compute_features_dask", "feature_rows", "tick_range", "read_frames"]
+__all__ = ["Progress", "compute_features", "write_feature_table", "peer_group", "tick_range", "read_frames"]
 
-_GRID_BYTES = 128 * 2**20
-_WINDOW_BYTES = 32 * 2**20
+_GRID_BYTES: Final = 128 * 2**20
+_WINDOW_BYTES: Final = 32 * 2**20
+_PASS_BYTES: Final = 1536 * 2**20
+"""Bucket history one pass may hold (a day plus the longest window of each of its nodes): a
+dataset with more nodes is read in several passes, each over a share of the peer groups."""
+
+Progress = Callable[[str, int, int], None]
+"""``progress(label, done, total)``, called as work gets done (the CLI draws a bar from it)."""
 
 
 def read_frames(
@@ -76,30 +93,6 @@ def tick_range(
     if end_ms is not None:
         ticks = ticks[ticks <= end_ms]
     return ticks
-
-
-def _extent(
-    data_dir: str | Path | None, frames: dict[str, pd.DataFrame]
-) -> tuple[list[str], int, int] | None:
-    """Node ids and first/last timestamp of a dataset folder (read cheaply) or of frames."""
-    nodes: set[str] = set()
-    lo, hi = [], []
-    if data_dir is not None:
-        read_manifest(data_dir)
-        for kind in KINDS:
-            for path in part_paths(data_dir, kind):
-                table = pq.read_table(path, columns=["node", "ts"])
-                if table.num_rows:
-                    nodes.update(pc.unique(table.column("node").cast(pa.string())).to_pylist())
-                    bounds = pc.min_max(table.column("ts")).as_py()
-                    lo.append(bounds["min"])
-                    hi.append(bounds["max"])
-    else:
-        for f in frames.values():
-            nodes.update(f["node"].unique())
-            lo.append(int(f["ts"].min()))
-            hi.append(int(f["ts"].max()))
-    return (sorted(nodes), min(lo), max(hi)) if lo else None
 
 
 class _Grid:
@@ -142,8 +135,15 @@ def _reduce_floored(
     r: Reduction, grids: dict[Any, _Grid], w: int, ends: np.ndarray, floor: np.ndarray, out: np.ndarray
 ) -> None:
     """Redo, in ``out``, the windows that begin before their node's floor: the buckets before it
-    read as empty, and the window goes through the reference kernel, as the online engine's does."""
+    read as empty. Float sums go through the reference kernel, as the online engine's do (their
+    bits depend on the order of the terms); the exact reductions (max, min, sums of integer
+    values) run from the floor, once per node and floor (:func:`_from_floor`)."""
     nodes, cols = np.nonzero(floor > (ends - w)[None, :])
+    if not len(nodes):
+        return
+    if r.op in ("max", "min") or (r.op == "sum" and r.stat.kind in EXACT_STAT_KINDS):
+        _from_floor(r.op, grids[r.stat].x, empty_value(r.stat), ends, floor, nodes, cols, out)
+        return
     step = max(1, _WINDOW_BYTES // (w * 8))
     offsets = np.arange(w)
     for i in range(0, len(nodes), step):
@@ -155,6 +155,30 @@ def _reduce_floored(
             for s in (r.stat, r.aux)
         )
         out[n, c] = reduce_direct(r.op, win, aux)
+
+
+def _from_floor(
+    op: str, x: np.ndarray, empty: float, ends: np.ndarray, floor: np.ndarray, nodes: np.ndarray,
+    cols: np.ndarray, out: np.ndarray,
+) -> None:
+    """``op`` over ``x[n, floor : end)`` for the floored windows (``nodes``, ``cols``): a floored
+    window starts at its floor, so a running ``op`` from each (node, floor) answers all of its
+    windows at once. Exact for max, min and sums of integer values, in any order."""
+    ufunc = {"max": np.maximum, "min": np.minimum, "sum": np.add}[op]
+    at_floor = floor[nodes, cols]
+    span = int(at_floor.max()) + 1
+    key = nodes.astype(np.int64) * span + at_floor  # one per (node, floor)
+    order = np.argsort(key, kind="stable")
+    starts = np.flatnonzero(np.r_[True, key[order][1:] != key[order][:-1]])
+    for lo, hi in zip(starts, [*starts[1:], len(order)], strict=True):
+        mine = order[lo:hi]
+        n, f = divmod(int(key[mine[0]]), span)
+        last = ends[cols[mine]] - 1 - f  # the window's last bucket, counted from the floor
+        if last.max() < 0:
+            out[n, cols[mine]] = empty
+            continue
+        running = ufunc.accumulate(x[n, f : f + int(last.max()) + 1])
+        out[n, cols[mine]] = np.where(last >= 0, running[np.maximum(last, 0)], empty)
 
 
 def _reduce_full(r: Reduction, grids: dict[Any, _Grid], w: int, ends: np.ndarray) -> np.ndarray:
@@ -185,38 +209,40 @@ def _reduce_full(r: Reduction, grids: dict[Any, _Grid], w: int, ends: np.ndarray
     )
 
 
-def feature_rows(
-    frames: dict[str, pd.DataFrame], ticks: np.ndarray, fs: FeatureSet, returns: pd.DataFrame | None = None
+def _longest(fs: FeatureSet) -> int:
+    """Buckets of the longest window (the live window included)."""
+    return max([f.window_ms for f in fs.features] + [fs.live_ms]) // fs.bucket_ms
+
+
+def _rows(
+    table: BucketTable, names: Sequence[str], ticks: np.ndarray, fs: FeatureSet, returns: pd.DataFrame | None
 ) -> pd.DataFrame:
-    """Base features (no peers) of the nodes in ``frames`` at ``ticks``: the per-partition step.
+    """Base features (no peers) at ``ticks`` of the nodes ``names`` (``table.node`` indexes them),
+    from their bucket statistics; buckets before the first tick's longest window are not read.
 
     ``returns`` (``node``, ``ts``: :func:`foreshock.features.returns.return_times`) start windows afresh
     when ``fs.reset_on_return``; returns of other nodes are ignored."""
-    nodes = Codes(sorted(set().union(*(f["node"].unique() for f in frames.values()))) if frames else [])
-    if not len(nodes) or not len(ticks):
+    if not len(names) or not len(ticks) or not len(table.node):
         return pd.DataFrame(columns=["node", "ts", *[f.name for f in fs.features]])
-    ports = Codes()
-    cols = {k: to_columns(k, frames[k], fs, nodes, ports) if k in frames else None for k in KINDS}
-    table = bucketize(fs, cols["gpu"], cols["xid"], cols["link"], Carry())
     b = fs.bucket_ms
-    max_w = max([f.window_ms // b for f in fs.features] + [fs.live_ms // b])
-    b_lo = int(min(table.bucket.min(), ticks[0] // b)) - max_w
+    b_lo = int(ticks[0] // b) - _longest(fs)
     nb = int(ticks[-1] // b) - b_lo
-    keep = table.bucket < b_lo + nb
+    keep = (table.bucket >= b_lo) & (table.bucket < b_lo + nb)
     rows_node, rows_col = table.node[keep], table.bucket[keep] - b_lo
     grids = {}
     for j, s in enumerate(fs.stats):
-        x = np.full((len(nodes), nb), empty_value(s))
+        x = np.full((len(names), nb), empty_value(s))
         x[rows_node, rows_col] = table.values[keep, j]
         grids[s] = _Grid(x)
     ends = (ticks // b - b_lo).astype(np.int64)
     floor = None
     if fs.reset_on_return and returns is not None:
-        mine = returns[returns["node"].isin(set(nodes.names))]
+        index = {n: i for i, n in enumerate(names)}
+        mine = returns[returns["node"].isin(index)]
         if len(mine):
-            at = nodes.lookup(mine["node"])
-            floor = window_floors(at, mine["ts"].to_numpy(np.int64), len(nodes), ticks, b) - b_lo
-    t = np.broadcast_to(ticks.astype(np.float64), (len(nodes), len(ticks)))
+            at = np.array([index[n] for n in mine["node"]], dtype=np.int64)
+            floor = window_floors(at, mine["ts"].to_numpy(np.int64), len(names), ticks, b) - b_lo
+    t = np.broadcast_to(ticks.astype(np.float64), (len(names), len(ticks)))
     live = _reduce(Reduction("sum", fs.records_stat), grids, fs.live_ms // b, ends, floor) > 0
     values = np.empty((int(live.sum()), len(fs.features)))
     for j, (f, w, reductions) in enumerate(fs.plan):
@@ -224,7 +250,7 @@ def feature_rows(
         values[:, j] = AGGREGATIONS[f.agg].finalize(reduced, f, t, b)[live]
     node_idx, tick_idx = np.nonzero(live)
     out = pd.DataFrame(values, columns=[f.name for f in fs.features])
-    out.insert(0, "node", np.asarray(nodes.names, dtype=object)[node_idx])
+    out.insert(0, "node", np.asarray(names, dtype=object)[node_idx])
     out.insert(1, "ts", ticks[tick_idx])
     return out
 
@@ -246,58 +272,172 @@ def _finish(parts: list[pd.DataFrame], fs: FeatureSet, peer_groups: Mapping[str,
     return add_peer_features(table, fs, peer_groups)  # columns: node, ts, then fs.names in order
 
 
-def _grid_buckets(ticks: np.ndarray, fs: FeatureSet) -> int:
-    """Width of a group's grid: the ticks' span plus the longest window before the first one."""
-    if not len(ticks):
-        return 1
-    longest = max([f.window_ms for f in fs.features] + [fs.live_ms]) // fs.bucket_ms
-    return int(ticks[-1] - ticks[0]) // fs.bucket_ms + longest + 1
+def peer_group(node: str, fs: FeatureSet) -> int:
+    """The peer group of ``node`` (:attr:`~foreshock.features.spec.FeatureSet.peer_partitions`):
+    the nodes its peer features compare it with, and the feature table's partition of its rows."""
+    return partition_of(node, fs.peer_partitions)
 
 
-def _node_groups(
-    node_names: Sequence[str], n_buckets: int, fs: FeatureSet, size: int | None
-) -> list[list[str]]:
-    if size is None:
-        size = max(1, _GRID_BYTES // max(1, len(fs.stats) * n_buckets * 8))
-    names = sorted(node_names)
-    return [names[i : i + size] for i in range(0, len(names), size)]
+class _Nodes:
+    """Every node seen so far: its code (:class:`Codes`) and, per peer group, its grid groups
+    (nodes whose grids are built together, ``per_grid`` at most)."""
+
+    def __init__(self, fs: FeatureSet, per_grid: int):
+        self.fs = fs
+        self.per_grid = per_grid
+        self.codes = Codes()
+        self.grids: dict[int, list[list[int]]] = {}
+        self._known = 0
+
+    def register(self) -> None:
+        """Place the codes :attr:`codes` gave out since the last call."""
+        for code in range(self._known, len(self.codes)):
+            grids = self.grids.setdefault(peer_group(self.codes.names[code], self.fs), [])
+            if not grids or len(grids[-1]) >= self.per_grid:
+                grids.append([])
+            grids[-1].append(code)
+        self._known = len(self.codes)
 
 
-def _progress(enabled: bool, total: int, label: str) -> Callable[[], None]:
-    if not enabled:
-        return lambda: None
-    from rich.progress import Progress
+class _History:
+    """The bucket statistics of a pass's nodes, as slices add them; old buckets are dropped."""
 
-    bar = Progress(transient=False)
-    bar.start()
-    task = bar.add_task(label, total=total)
+    def __init__(self) -> None:
+        self._parts: list[BucketTable] = []
 
-    def step() -> None:
-        bar.advance(task)
-        if bar.tasks[task].completed >= total:
-            bar.stop()
+    def add(self, table: BucketTable) -> None:
+        if len(table.node):
+            self._parts.append(table)
 
-    return step
+    def _whole(self) -> BucketTable | None:
+        if len(self._parts) > 1:
+            self._parts = [
+                BucketTable(
+                    np.concatenate([t.node for t in self._parts]),
+                    np.concatenate([t.bucket for t in self._parts]),
+                    np.concatenate([t.values for t in self._parts]),
+                )
+            ]
+        return self._parts[0] if self._parts else None
+
+    def drop_before(self, bucket: int) -> None:
+        whole = self._whole()
+        if whole is not None:
+            keep = whole.bucket >= bucket
+            self._parts = [BucketTable(whole.node[keep], whole.bucket[keep], whole.values[keep])]
+
+    def of(self, codes: np.ndarray, n_stats: int) -> BucketTable:
+        """The buckets of the nodes ``codes``, their node renumbered as positions in ``codes``."""
+        whole = self._whole()
+        if whole is None:
+            return BucketTable(np.empty(0, np.int64), np.empty(0, np.int64), np.empty((0, n_stats)))
+        position = np.full(max(int(whole.node.max()), int(codes.max())) + 1, -1, dtype=np.int64)
+        position[codes] = np.arange(len(codes))
+        local = position[whole.node]
+        mine = local >= 0
+        return BucketTable(local[mine], whole.bucket[mine], whole.values[mine])
+
+
+Sink = Callable[[int, int, pd.DataFrame], None]
+"""``sink(group, day, rows)``: one peer group's rows of one day (days in time order)."""
+
+
+class _DayStream:
+    """One pass of the engine: time slices in, each day's rows per peer group out to ``sink``."""
+
+    def __init__(
+        self,
+        fs: FeatureSet,
+        ticks: np.ndarray,
+        returns: pd.DataFrame | None,
+        per_grid: int,
+        peer_groups: Mapping[str, str] | None,
+        sink: Sink,
+    ):
+        self.fs, self.returns, self.peer_groups, self.sink = fs, returns, peer_groups, sink
+        self.nodes = _Nodes(fs, per_grid)
+        self._ports = Codes()
+        self._carry = Carry()
+        self._history = _History()
+        days, first = np.unique(ticks // DAY_MS, return_index=True)
+        bounds = zip(days, first, [*first[1:], len(ticks)], strict=True)
+        self._days = [(int(d), ticks[lo:hi]) for d, lo, hi in bounds]
+        self.days_done = 0
+
+    @property
+    def days(self) -> int:
+        return len(self._days)
+
+    def feed(self, frames: Mapping[str, pd.DataFrame], cut: float) -> None:
+        """Bucketize a slice (every record before ``cut`` not fed yet), then emit the days whose
+        ticks it completes (a tick reads the records before it)."""
+        fs = self.fs
+        cols = {k: to_columns(k, f, fs, self.nodes.codes, self._ports) for k, f in frames.items() if len(f)}
+        if cols:
+            self._history.add(bucketize(fs, cols.get("gpu"), cols.get("xid"), cols.get("link"), self._carry))
+            self.nodes.register()
+        while self.days_done < len(self._days) and self._days[self.days_done][1][-1] <= cut:
+            self._emit(*self._days[self.days_done])
+            self.days_done += 1
+
+    def _emit(self, day: int, ticks: np.ndarray) -> None:
+        fs = self.fs
+        self._history.drop_before(int(ticks[0] // fs.bucket_ms) - _longest(fs))
+        names = self.nodes.codes.names
+        for group in sorted(self.nodes.grids):
+            parts = []
+            for grid in self.nodes.grids[group]:
+                codes = np.asarray(grid, dtype=np.int64)
+                buckets = self._history.of(codes, len(fs.stats))
+                parts.append(_rows(buckets, [names[c] for c in grid], ticks, fs, self.returns))
+            table = _finish(parts, fs, self.peer_groups)
+            if len(table):
+                self.sink(group, day, table)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every pass shares: the ticks, the number of passes, the nodes per grid group."""
+
+    ticks: np.ndarray
+    passes: int
+    per_grid: int
+
+    def keeps(self, node: str, fs: FeatureSet, index: int) -> bool:
+        """Whether pass ``index`` computes ``node``'s rows."""
+        return peer_group(node, fs) % self.passes == index
 
 
 def _plan(
-    data_dir: str | Path | None,
-    frames: dict[str, pd.DataFrame],
     fs: FeatureSet,
+    extent: tuple[int, int] | None,
+    n_nodes: int,
     cadence_ms: int,
     start_ms: int | None,
     end_ms: int | None,
     nodes_per_group: int | None,
-) -> tuple[np.ndarray, list[list[str]]]:
-    """The ticks and the groups of nodes (each group's grid fits in memory)."""
+    passes: int = 1,
+) -> _Plan:
+    """The ticks, and as many passes as the bucket history needs (at least ``passes``; at most one
+    per peer group, since a peer group's rows are computed together)."""
     if cadence_ms % fs.bucket_ms:
         raise ValueError(f"cadence_ms must be a multiple of {fs.bucket_ms}")
-    extent = _extent(data_dir, frames)
-    if extent is None:
-        return np.empty(0, dtype=np.int64), []
-    nodes, first, last = extent
-    ticks = tick_range(first, last, cadence_ms, start_ms, end_ms)
-    return ticks, _node_groups(nodes, _grid_buckets(ticks, fs), fs, nodes_per_group)
+    ticks = (
+        tick_range(extent[0], extent[1], cadence_ms, start_ms, end_ms)
+        if extent is not None
+        else np.empty(0, dtype=np.int64)
+    )
+    history = DAY_MS // fs.bucket_ms + _longest(fs) + 1
+    per_node = history * (len(fs.stats) + 2) * 8
+    needed = max(passes, -(-n_nodes * per_node // _PASS_BYTES))
+    per_grid = nodes_per_group or max(1, _GRID_BYTES // (len(fs.stats) * history * 8))
+    return _Plan(ticks, max(1, min(fs.peer_partitions, needed)), per_grid)
+
+
+def _frames_extent(frames: Mapping[str, pd.DataFrame]) -> tuple[int, int] | None:
+    if not frames:
+        return None
+    return min(int(f["ts"].min()) for f in frames.values()), max(int(f["ts"].max()) for f in frames.values())
 
 
 def compute_features(
@@ -311,32 +451,167 @@ def compute_features(
     cadence_ms: int = 60_000,
     start_ms: int | None = None,
     end_ms: int | None = None,
-    progress: bool = False,
+    progress: Progress | None = None,
     nodes_per_group: int | None = None,
     peer_groups: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
-    """The feature table: columns ``node``, ``ts``, then ``feature_set.names``; sorted by (ts, node).
+    """The feature table in memory: columns ``node``, ``ts``, then ``feature_set.names``; sorted by
+    (ts, node). For a table larger than memory, :func:`write_feature_table`.
 
-    Reads ``data_dir`` (dataset layout; one group of nodes at a time, so memory holds one
-    group's telemetry) or the given frames. ``cadence_ms`` must be a multiple of
-    ``feature_set.bucket_ms``. All records before ``start_ms`` still feed the windows.
-    ``peer_groups`` (node -> group, e.g. its job) scopes the peer features; default: the cluster.
-    ``events`` (the node-event table; read from ``data_dir`` when not given) says where windows
-    start afresh (:mod:`foreshock.features.returns`).
+    Reads ``data_dir`` (dataset layout; in time order, one slice at a time) or the given frames.
+    ``cadence_ms`` must be a multiple of ``feature_set.bucket_ms``. All records before
+    ``start_ms`` still feed the windows. ``peer_groups`` (node -> group, e.g. its job) narrows
+    the peer features within a peer group. ``events`` (the node-event table; read from
+    ``data_dir`` when not given) says where windows start afresh (:mod:`foreshock.features.returns`).
     """
+    fs = feature_set
     frames = {k: v for k, v in zip(KINDS, (gpu, xid, link), strict=True) if v is not None and len(v)}
     returns = _returns(data_dir, events)
-    ticks, groups = _plan(data_dir, frames, feature_set, cadence_ms, start_ms, end_ms, nodes_per_group)
-    step = _progress(progress, len(groups), "features")
-    parts = []
-    for group in groups:
-        if data_dir is not None:
-            sub = read_frames(data_dir, feature_set, group if len(groups) > 1 else None)
-        else:
-            sub = {k: f[f["node"].isin(set(group))] for k, f in frames.items()} if len(groups) > 1 else frames
-        parts.append(feature_rows({k: f for k, f in sub.items() if len(f)}, ticks, feature_set, returns))
-        step()
-    return _finish(parts, feature_set, peer_groups)
+    by_day: dict[int, list[pd.DataFrame]] = {}
+
+    def keep(group: int, day: int, rows: pd.DataFrame) -> None:
+        by_day.setdefault(day, []).append(rows)
+
+    if data_dir is None:
+        n_nodes = len(set().union(*(f["node"].unique() for f in frames.values()))) if frames else 0
+        plan = _plan(fs, _frames_extent(frames), n_nodes, cadence_ms, start_ms, end_ms, nodes_per_group)
+        stream = _DayStream(fs, plan.ticks, returns, plan.per_grid, peer_groups, keep)
+        stream.feed(frames, np.inf)
+        if progress is not None:
+            progress("features", stream.days, stream.days)
+    else:
+        plan = _plan(fs, dataset_extent(data_dir), int(read_manifest(data_dir)["nodes"]), cadence_ms,
+                     start_ms, end_ms, nodes_per_group)
+        _passes(data_dir, fs, plan, returns, peer_groups, range(plan.passes), keep, progress)
+    days = [
+        pd.concat(by_day[d], ignore_index=True).sort_values(["ts", "node"], kind="stable", ignore_index=True)
+        for d in sorted(by_day)
+    ]
+    by_day.clear()
+    if not days:
+        return pd.DataFrame(columns=["node", "ts", *fs.names])
+    return pd.concat(days, ignore_index=True)
+
+
+def _passes(
+    data_dir: str | Path,
+    fs: FeatureSet,
+    plan: _Plan,
+    returns: pd.DataFrame | None,
+    peer_groups: Mapping[str, str] | None,
+    indices: Iterable[int],
+    sink: Sink,
+    progress: Progress | None,
+) -> None:
+    """Run passes ``indices`` of ``plan`` over a dataset folder, one after the other; progress
+    counts the days emitted."""
+    indices = list(indices)
+    for n, index in enumerate(indices):
+        stream = _DayStream(fs, plan.ticks, returns, plan.per_grid, peer_groups, sink)
+        keep = None if plan.passes == 1 else (lambda node, i=index: plan.keeps(node, fs, i))
+        for frames, cut in time_slices(data_dir, fs, keep):
+            stream.feed(frames, cut)
+            if progress is not None:
+                progress("features", n * stream.days + stream.days_done, len(indices) * stream.days)
+
+
+def _write_passes(
+    data_dir: str,
+    out: str,
+    fs: FeatureSet,
+    plan: _Plan,
+    returns: pd.DataFrame | None,
+    peer_groups: Mapping[str, str] | None,
+    indices: Sequence[int],
+    progress: Progress | None = None,
+) -> list[Partition]:
+    """Passes ``indices``, each partition written to the table folder ``out`` as it is made (the
+    task a Dask worker runs: it returns the partitions' names, never their rows)."""
+    writer = TableWriter(out)
+    written: list[Partition] = []
+
+    def write(group: int, day: int, rows: pd.DataFrame) -> None:
+        written.append(writer.write(group, day, rows, fs.names))
+
+    _passes(data_dir, fs, plan, returns, peer_groups, indices, write, progress)
+    return written
+
+
+def write_feature_table(
+    data_dir: str | Path,
+    out: str | Path,
+    *,
+    dataset_fingerprint: str,
+    feature_set: FeatureSet = DEFAULT_FEATURE_SET,
+    cadence_ms: int = 60_000,
+    start_ms: int | None = None,
+    end_ms: int | None = None,
+    client: Any = None,
+    progress: Progress | None = None,
+    nodes_per_group: int | None = None,
+    peer_groups: Mapping[str, str] | None = None,
+    overwrite: bool = False,
+) -> FeatureTable:
+    """Compute the features of a dataset folder into a feature table at ``out``
+    (:mod:`foreshock.features.table`), by peer group and day, and return it.
+
+    Nothing is gathered: each pass writes its partitions as it makes them. ``client`` (a
+    ``distributed.Client`` or a scheduler address; ``out`` must then be a folder every worker
+    writes to) runs the passes as Dask tasks, at least one per worker (each task reads every part
+    but computes only its peer groups' nodes); without it they run here, one after the other.
+    ``dataset_fingerprint`` is recorded as the table's source
+    (:func:`foreshock.models.frame.dataset_fingerprint`); a refused ``out`` (a complete table
+    without ``overwrite``, or a folder of other files) raises
+    :class:`~foreshock.features.table.FeatureTableError`.
+    """
+    fs = feature_set
+    writer = TableWriter(out)
+    writer.prepare(overwrite)
+    returns = _returns(data_dir, None)
+    n_nodes = int(read_manifest(data_dir)["nodes"])
+    extent = dataset_extent(data_dir)
+    args = (fs, extent, n_nodes, cadence_ms, start_ms, end_ms, nodes_per_group)
+    if client is None:
+        plan = _plan(*args)
+        indices = range(plan.passes)
+        partitions = _write_passes(str(data_dir), str(out), fs, plan, returns, peer_groups, indices, progress)
+    else:
+        plan, partitions = _write_on_dask(client, str(data_dir), str(out), args, returns, peer_groups,
+                                          progress)
+    identity = TableIdentity(fs.hash, cadence_ms, dataset_fingerprint)
+    return writer.finish(
+        identity, fs.names, partitions, source=str(Path(data_dir).resolve()), passes=plan.passes
+    )
+
+
+def _write_on_dask(
+    client_or_address: Any,
+    data_dir: str,
+    out: str,
+    plan_args: tuple,
+    returns: pd.DataFrame | None,
+    peer_groups: Mapping[str, str] | None,
+    progress: Progress | None,
+) -> tuple[_Plan, list[Partition]]:
+    from distributed import Client, as_completed
+
+    client = client_or_address if isinstance(client_or_address, Client) else Client(client_or_address)
+    try:
+        fs = plan_args[0]
+        plan = _plan(*plan_args, passes=max(1, len(client.scheduler_info()["workers"])))
+        futures = [
+            client.submit(_write_passes, data_dir, out, fs, plan, returns, peer_groups, [i], pure=False)
+            for i in range(plan.passes)
+        ]
+        partitions: list[Partition] = []
+        for done, fut in enumerate(as_completed(futures), start=1):
+            partitions += fut.result()
+            if progress is not None:
+                progress("features (dask)", done, len(futures))
+        return plan, partitions
+    finally:
+        if client is not client_or_address:
+            client.close()
 
 
 def _returns(data_dir: str | Path | None, events: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -344,49 +619,3 @@ def _returns(data_dir: str | Path | None, events: pd.DataFrame | None) -> pd.Dat
     if events is None and data_dir is not None:
         events = read_events(data_dir)
     return return_times(events) if events is not None else None
-
-
-def _partition(
-    data_dir: str, nodes: list[str], ticks: np.ndarray, fs: FeatureSet, returns: pd.DataFrame | None
-) -> pd.DataFrame:
-    return feature_rows(read_frames(data_dir, fs, nodes), ticks, fs, returns)
-
-
-def compute_features_dask(
-    data_dir: str | Path,
-    client_or_address: Any,
-    *,
-    feature_set: FeatureSet = DEFAULT_FEATURE_SET,
-    cadence_ms: int = 60_000,
-    start_ms: int | None = None,
-    end_ms: int | None = None,
-    progress: bool = False,
-    nodes_per_group: int | None = None,
-    peer_groups: Mapping[str, str] | None = None,
-) -> pd.DataFrame:
-    """:func:`compute_features` on a ``dask.distributed`` cluster: one task per group of nodes.
-
-    Each worker reads only its nodes' rows from the parquet parts (so the dataset never has to
-    fit on one machine); peer features are computed on the gathered table. Same result as the
-    pandas engine, row for row. ``client_or_address``: a ``distributed.Client`` or a scheduler
-    address (a client is then opened and closed here).
-    """
-    from distributed import Client, as_completed
-
-    ticks, groups = _plan(data_dir, {}, feature_set, cadence_ms, start_ms, end_ms, nodes_per_group)
-    returns = _returns(data_dir, None)
-    client = client_or_address if isinstance(client_or_address, Client) else Client(client_or_address)
-    try:
-        futures = [
-            client.submit(_partition, str(data_dir), g, ticks, feature_set, returns, pure=False)
-            for g in groups
-        ]
-        step = _progress(progress, len(futures), "features (dask)")
-        parts = []
-        for fut in as_completed(futures):
-            parts.append(fut.result())
-            step()
-        return _finish(parts, feature_set, peer_groups)
-    finally:
-        if client is not client_or_address:
-            client.close()

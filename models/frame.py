@@ -3,23 +3,48 @@
 One frame holds, per (node, ts) at the feature cadence: the model's features, the label and the
 next failure's cause (:mod:`foreshock.models.labels`), and the raw-telemetry evidence the rule baseline
 reads (:func:`foreshock.models.baselines.rule_inputs`). Every predictor scores exactly these rows.
+
+The features come from a feature table (:mod:`foreshock.features.table`): the one ``foreshock
+features`` wrote, or else the dataset's own cache, computed on first use and kept under
+``<data dir>/feature-cache/`` by identity (feature-set hash, cadence, dataset fingerprint), so
+``train`` and ``evaluate`` compute them once between them. A table of another identity is an
+error, never a silent recompute. :class:`LabelledStream` hands the labelled rows out a day at a
+time, for a reader (``evaluate``) that need not hold every feature at once.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from foreshock.features.table import FeatureTable, TableIdentity
 from foreshock.ingest.dataset import read_events, read_manifest
 from foreshock.models.baselines import rule_inputs
 from foreshock.models.labels import label_rows
 
-__all__ = ["LabelledData", "build_labelled", "combined_fingerprint", "dataset_fingerprint"]
+__all__ = [
+    "CACHE_DIR",
+    "LabelledData",
+    "LabelledStream",
+    "TableOnDask",
+    "build_labelled",
+    "combined_fingerprint",
+    "dataset_fingerprint",
+    "feature_set_identity",
+    "feature_table",
+    "open_labelled",
+]
+
+CACHE_DIR = "feature-cache"
+"""The folder of a dataset that holds its cached feature tables, one per identity."""
+
+Progress = Callable[[str, int, int], None]
 
 
 @dataclass
@@ -33,6 +58,14 @@ class LabelledData:
     horizon_ms: int
     manifest: dict[str, Any]
     fingerprint: str
+    table: FeatureTable | None = None  # where the features came from (None: given as a frame)
+    days: list[tuple[int, int, int]] = field(default_factory=list)  # (day, first row, end) per table day
+
+    chunk_count = 1
+
+    def chunks(self) -> Iterator[pd.DataFrame]:
+        """The frame, as :meth:`LabelledStream.chunks` hands out its days."""
+        yield self.frame
 
 
 def dataset_fingerprint(data_dir: str | Path) -> str:
@@ -62,8 +95,125 @@ def feature_set_identity(features: pd.DataFrame, feature_set: Any = None) -> str
         return str(feature_set.hash)
     if "feature_set_hash" in features.attrs:
         return str(features.attrs["feature_set_hash"])
-    raise ValueError("features given without their feature set: pass feature_set, or name the table's "
-                     "identity in features.attrs['feature_set_hash']")
+    raise ValueError(
+        "features given without their feature set: pass feature_set, or name the table's "
+        "identity in features.attrs['feature_set_hash']"
+    )
+
+
+def feature_table(
+    data_dir: str | Path,
+    cadence_ms: int = 60_000,
+    feature_set: Any = None,
+    *,
+    table: str | Path | None = None,
+    dask_address: str | None = None,
+    progress: Progress | None = None,
+) -> FeatureTable:
+    """The feature table of a dataset folder: ``table`` (a folder ``foreshock features`` wrote),
+    which must have been computed with ``feature_set`` (default: the shipped set) at ``cadence_ms``
+    from this very dataset; or, without one, the dataset's cache entry for that identity, computed
+    first if it is not there (on the Dask cluster at ``dask_address`` when given). A table or a
+    cache entry of another identity raises :class:`~foreshock.features.table.FeatureTableError`."""
+    from foreshock.features import DEFAULT_FEATURE_SET
+    from foreshock.features.batch import write_feature_table
+
+    fs = feature_set if feature_set is not None else DEFAULT_FEATURE_SET
+    identity = TableIdentity(str(fs.hash), int(cadence_ms), dataset_fingerprint(data_dir))
+    if table is not None:
+        return FeatureTable.open(table, expect=identity)
+    key = f"{identity.feature_set_hash[:16]}-{cadence_ms}ms-{identity.dataset_fingerprint}"
+    path = Path(data_dir) / CACHE_DIR / key
+    if (path / "table.json").is_file():
+        return FeatureTable.open(path, expect=identity)
+    return write_feature_table(
+        data_dir,
+        path,
+        dataset_fingerprint=identity.dataset_fingerprint,
+        feature_set=fs,
+        cadence_ms=cadence_ms,
+        client=dask_address,
+        progress=progress,
+    )
+
+
+def _labelled_rows(
+    features: pd.DataFrame, names: list[str], events: pd.DataFrame, horizon_ms: int, end_ms: int
+) -> pd.DataFrame:
+    """Feature rows (float32) labelled, in the engines' row order."""
+    rows = pd.DataFrame(features[names].to_numpy(dtype=np.float32, na_value=np.nan), columns=names)
+    rows.insert(0, "node", features["node"].astype(str).to_numpy())
+    rows.insert(1, "ts", features["ts"].to_numpy(dtype=np.int64))
+    return label_rows(rows, events, horizon_ms, end_ms=end_ms)
+
+
+@dataclass
+class LabelledStream:
+    """A dataset's labelled rows, read from its feature table a day at a time (:meth:`chunks`):
+    the same rows, in the same order, with the same columns as :func:`build_labelled`'s frame.
+
+    The rule evidence of every row is computed once, from one pass over the raw telemetry, on
+    the first :meth:`chunks`; it is two numbers a row, against the hundred features a day holds."""
+
+    data_dir: Path
+    table: FeatureTable
+    horizon_ms: int
+    manifest: dict[str, Any]
+    fingerprint: str
+    _rules: pd.DataFrame | None = field(default=None, repr=False)
+
+    @property
+    def feature_names(self) -> list[str]:
+        return self.table.feature_names
+
+    @property
+    def feature_set_hash(self) -> str:
+        return self.table.identity.feature_set_hash
+
+    @property
+    def cadence_ms(self) -> int:
+        return self.table.identity.cadence_ms
+
+    @property
+    def chunk_count(self) -> int:
+        return len(self.table.days)
+
+    def _label(self, day: pd.DataFrame, events: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+        return _labelled_rows(day, names, events, self.horizon_ms, int(self.manifest["end_ms"]))
+
+    def chunks(self) -> Iterator[pd.DataFrame]:
+        """Each day's labelled rows with their rule evidence, in time order."""
+        events = read_events(self.data_dir)
+        if self._rules is None:
+            days = self.table.iter_days(["node", "ts"])
+            keys = pd.concat([self._label(d, events, []) for d in days], ignore_index=True)
+            self._rules = rule_inputs(self.data_dir, keys, self.cadence_ms)
+        at = 0
+        for day in self.table.iter_days():
+            frame = self._label(day, events, self.feature_names)
+            del day
+            rules = self._rules.iloc[at : at + len(frame)].set_axis(frame.index)
+            at += len(frame)
+            yield pd.concat([frame, rules], axis=1)
+
+
+def open_labelled(
+    data_dir: str | Path,
+    horizon_ms: int,
+    cadence_ms: int = 60_000,
+    feature_set: Any = None,
+    *,
+    table: str | Path | None = None,
+    dask_address: str | None = None,
+    progress: Progress | None = None,
+) -> LabelledStream:
+    """The labelled rows of a dataset folder, a day at a time (see :func:`feature_table` for
+    where the features come from)."""
+    found = feature_table(
+        data_dir, cadence_ms, feature_set, table=table, dask_address=dask_address, progress=progress
+    )
+    manifest = read_manifest(data_dir)
+    return LabelledStream(Path(data_dir), found, horizon_ms, manifest, found.identity.dataset_fingerprint)
 
 
 def build_labelled(
@@ -73,11 +223,12 @@ def build_labelled(
     feature_set: Any = None,
     features: pd.DataFrame | None = None,
     dask_address: str | None = None,
+    *,
+    table: str | Path | None = None,
+    progress: Progress | None = None,
 ) -> LabelledData:
-    """Compute features (or take ``features``: node, ts, feature columns), label them, and attach
-    the rule evidence. ``feature_set`` defaults to ``foreshock.features.DEFAULT_FEATURE_SET``. With a Dask
-    scheduler address the features are computed there, a group of nodes per task, so the raw
-    telemetry never has to fit in this process.
+    """The labelled frame: features (``features``: node, ts, feature columns; or from the feature
+    table, see :func:`feature_table`) labelled, with the rule evidence attached.
 
     The frame holds the features as float32, half the memory of the engines' float64: one row a
     minute for 512 nodes over 14 days is 10 million rows, 4 GB of features instead of 8. LightGBM
@@ -86,26 +237,107 @@ def build_labelled(
     within float32 precision (1 part in 10 million) of a split."""
     manifest = read_manifest(data_dir)
     if features is None:
-        from foreshock.features import DEFAULT_FEATURE_SET
-        from foreshock.features.batch import compute_features, compute_features_dask
-
-        feature_set = feature_set if feature_set is not None else DEFAULT_FEATURE_SET
-        if dask_address is None:
-            features = compute_features(data_dir, feature_set=feature_set, cadence_ms=cadence_ms)
-        else:
-            features = compute_features_dask(
-                data_dir, dask_address, feature_set=feature_set, cadence_ms=cadence_ms
-            )
-        names, fs_hash = list(feature_set.names), str(feature_set.hash)
-    else:
-        names = [c for c in features.columns if c not in ("node", "ts")]
-        fs_hash = feature_set_identity(features, feature_set)
-    rows = pd.DataFrame(features[names].to_numpy(dtype=np.float32, na_value=np.nan), columns=names)
-    rows.insert(0, "node", features["node"].astype(str).to_numpy())
-    rows.insert(1, "ts", features["ts"].to_numpy(dtype=np.int64))
-    del features  # the float64 table, freed here when computed here, before labelling copies rows
-    frame = label_rows(rows, read_events(data_dir), horizon_ms, end_ms=int(manifest["end_ms"]))
+        stream = open_labelled(
+            data_dir,
+            horizon_ms,
+            cadence_ms,
+            feature_set,
+            table=table,
+            dask_address=dask_address,
+            progress=progress,
+        )
+        chunks, days, at = [], [], 0
+        for day, chunk in zip(stream.table.days, stream.chunks(), strict=True):
+            chunks.append(chunk)
+            days.append((day, at, at + len(chunk)))
+            at += len(chunk)
+        frame = pd.concat(chunks, ignore_index=True) if chunks else pd.DataFrame()
+        del chunks
+        return LabelledData(
+            frame,
+            stream.feature_names,
+            stream.feature_set_hash,
+            cadence_ms,
+            horizon_ms,
+            manifest,
+            stream.fingerprint,
+            stream.table,
+            days,
+        )
+    names = [c for c in features.columns if c not in ("node", "ts")]
+    fs_hash = feature_set_identity(features, feature_set)
+    frame = _labelled_rows(features, names, read_events(data_dir), horizon_ms, int(manifest["end_ms"]))
+    del features
     frame = pd.concat([frame, rule_inputs(data_dir, frame, cadence_ms)], axis=1)
-    return LabelledData(
-        frame, names, fs_hash, cadence_ms, horizon_ms, manifest, dataset_fingerprint(data_dir)
-    )
+    fingerprint = dataset_fingerprint(data_dir)
+    return LabelledData(frame, names, fs_hash, cadence_ms, horizon_ms, manifest, fingerprint)
+
+
+class TableOnDask(str):
+    """A Dask scheduler address that also knows where a labelled frame's rows live on disk, so
+    the workers can read training rows from the feature table themselves (:meth:`rows`) instead
+    of receiving them from the process that holds the frame. It is a ``str``, and goes wherever
+    an address goes."""
+
+    def __new__(cls, address: str, data: LabelledData, data_dir: str | Path) -> TableOnDask:
+        if data.table is None:
+            raise ValueError("the labelled frame was not read from a feature table")
+        self = super().__new__(cls, address)
+        self.table_path = str(Path(data.table.path).resolve())
+        self.data_dir = str(Path(data_dir).resolve())
+        self.horizon_ms = data.horizon_ms
+        self.end_ms = int(data.manifest["end_ms"])
+        self.names = list(data.feature_names)
+        self.days = list(data.days)
+        return self
+
+    def rows(self, positions: np.ndarray, extra: pd.DataFrame) -> Any:
+        """A Dask DataFrame of the frame's rows at ``positions`` (their features, read on the
+        workers, a day per partition) beside ``extra``'s columns (one row per position)."""
+        import dask
+        import dask.dataframe as dd
+
+        order = np.argsort(positions, kind="stable")
+        positions, extra = positions[order], extra.iloc[order].reset_index(drop=True)
+        parts = []
+        for day, start, stop in self.days:
+            lo, hi = np.searchsorted(positions, [start, stop])
+            if hi > lo:
+                parts.append(
+                    dask.delayed(_table_rows)(
+                        self.table_path,
+                        self.data_dir,
+                        day,
+                        (start, stop),
+                        self.horizon_ms,
+                        self.end_ms,
+                        self.names,
+                        positions[lo:hi] - start,
+                        extra.iloc[lo:hi].reset_index(drop=True),
+                    )
+                )
+        meta = pd.concat(
+            [pd.DataFrame({n: pd.Series(dtype=np.float32) for n in self.names}), extra.iloc[:0]], axis=1
+        )
+        return dd.from_delayed(parts, meta=meta)
+
+
+def _table_rows(
+    table_path: str,
+    data_dir: str,
+    day: int,
+    span: tuple[int, int],
+    horizon_ms: int,
+    end_ms: int,
+    names: list[str],
+    at: np.ndarray,
+    extra: pd.DataFrame,
+) -> pd.DataFrame:
+    """Rows ``at`` of one day of a labelled frame, read from its feature table (on a Dask worker)."""
+    table = FeatureTable.open(table_path)
+    frame = _labelled_rows(table.read_day(day), names, read_events(data_dir), horizon_ms, end_ms)
+    if len(frame) != span[1] - span[0]:
+        raise ValueError(
+            f"day {day} of {table_path} labels {len(frame)} rows, the frame holds {span[1] - span[0]}"
+        )
+    return pd.concat([frame[names].iloc[at].reset_index(drop=True), extra], axis=1)

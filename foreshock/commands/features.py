@@ -1,7 +1,8 @@
-"""``foreshock features``: the feature table of a dataset folder, with pandas or on Dask."""
+"""``foreshock features``: a dataset's feature table (parquet by peer group and day), here or on Dask."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 
 import typer
@@ -15,44 +16,53 @@ def features(
     data: Path = typer.Option(
         ..., exists=True, file_okay=False, help="Dataset folder (foreshock simulate --out)."
     ),
-    out: Path = typer.Option(..., help="Output parquet file (node, ts, then one column per feature)."),
+    out: Path = typer.Option(
+        ...,
+        help="Feature table folder to write: parquet partitions by node group and day, and table.json "
+        "(feature-set hash, cadence, dataset fingerprint). train and evaluate read it with --features.",
+    ),
     dask: str = typer.Option(
         None,
         help="Run on Dask: a scheduler address (tcp://host:8786) or 'local' "
-        "for a LocalCluster on this machine.",
+        "for a LocalCluster on this machine. Each worker writes its own partitions, so --out "
+        "must be a folder every worker can write to.",
     ),
     workers: int = typer.Option(2, min=1, help="With --dask local: worker processes."),
     cadence: str = typer.Option("1m", help="One row per node every CADENCE (a multiple of 1m)."),
+    overwrite: bool = typer.Option(False, help="Replace a feature table already in --out."),
 ) -> None:
-    """Compute the default feature set at a fixed cadence and write it as parquet."""
+    """Compute the default feature set at a fixed cadence into a feature table folder."""
+    from foreshock.commands.progress import progress_bars
     from foreshock.features import DEFAULT_FEATURE_SET
-    from foreshock.features.batch import compute_features, compute_features_dask
+    from foreshock.features.batch import write_feature_table
+    from foreshock.features.table import FeatureTableError
+    from foreshock.ingest.dataset import DatasetError
+    from foreshock.models.frame import dataset_fingerprint
 
     cadence_ms = option_ms(cadence, "--cadence")
     try:
-        if dask is None:
-            table = compute_features(data, cadence_ms=cadence_ms, progress=True)
-        elif dask == "local":
-            from distributed import Client, LocalCluster
+        with ExitStack() as stack:
+            client = dask
+            if dask == "local":
+                from distributed import Client, LocalCluster
 
-            with (
-                LocalCluster(
+                cluster = LocalCluster(
                     n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
-                ) as cluster,
-                Client(cluster) as client,
-            ):
-                table = compute_features_dask(data, client, cadence_ms=cadence_ms, progress=True)
-        else:
-            table = compute_features_dask(data, dask, cadence_ms=cadence_ms, progress=True)
-    except ValueError as exc:
+                )
+                stack.enter_context(cluster)
+                client = stack.enter_context(Client(cluster))
+            progress = stack.enter_context(progress_bars())
+            table = write_feature_table(
+                data, out, dataset_fingerprint=dataset_fingerprint(data), cadence_ms=cadence_ms,
+                client=client, progress=progress, overwrite=overwrite,
+            )
+    except (ValueError, DatasetError, FeatureTableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    table.attrs = {}
-    table.to_parquet(out, index=False)
     typer.echo(
-        f"{len(table)} rows x {len(DEFAULT_FEATURE_SET.names)} features "
-        f"({table['node'].nunique()} nodes) -> {out}; feature set {DEFAULT_FEATURE_SET.hash[:12]}"
+        f"{table.rows} rows x {len(DEFAULT_FEATURE_SET.names)} features in {len(table.partitions)} "
+        f"partitions -> {out}; feature set {DEFAULT_FEATURE_SET.hash[:12]}, "
+        f"dataset {table.identity.dataset_fingerprint}"
     )
 
 

@@ -1,6 +1,7 @@
-"""The batch engine on simulator output: Dask on a real LocalCluster (several worker processes)
-gives the pandas engine's table row for row; the online engine replaying the same dataset in
-time order, node events included, gives the same rows; the CLI writes the table."""
+"""The batch engine on simulator output: the feature table written by a real LocalCluster (several
+worker processes, each writing its own partitions) holds the pandas engine's rows; the online
+engine replaying the same dataset in time order, node events included, gives the same rows; the
+CLI writes the table."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from typer.testing import CliRunner
 
 from foreshock.cli import app
 from foreshock.features import DEFAULT_FEATURE_SET
-from foreshock.features.batch import compute_features, compute_features_dask, read_frames
+from foreshock.features.batch import compute_features, read_frames, write_feature_table
 from foreshock.features.online import OnlineFeatureEngine
+from foreshock.features.table import FeatureTable
 from foreshock.ingest.contract import RETURN_EVENTS
 from foreshock.ingest.dataset import read_events, read_ground_truth
 from foreshock.ingest.simulator import Simulator, load_profile, write_dataset
@@ -45,17 +47,25 @@ def pandas_table(dataset) -> pd.DataFrame:
     return compute_features(dataset)
 
 
-def test_dask_local_cluster_equals_pandas(dataset, pandas_table):
+def test_dask_workers_write_the_table_of_the_pandas_engine(dataset, pandas_table, tmp_path):
     from distributed import Client, LocalCluster
 
     with (
         LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
-        table = compute_features_dask(dataset, client, nodes_per_group=2)
-        assert len(client.scheduler_info()["workers"]) == 2
-    assert table["node"].nunique() == 6
-    pd.testing.assert_frame_equal(table, pandas_table)
+        before = set(client.run(lambda: __import__("os").getpid()).values())
+        table = write_feature_table(
+            dataset, tmp_path / "table", dataset_fingerprint="x", client=client, nodes_per_group=2
+        )
+        assert len(before) == 2
+    assert table.meta["passes"] == 2  # one pass per worker, each over its own peer groups
+    assert table.read_all()["node"].nunique() == 6
+    pd.testing.assert_frame_equal(table.read_all(), _float32(pandas_table))
+
+
+def _float32(table: pd.DataFrame) -> pd.DataFrame:
+    return table.astype({n: np.float32 for n in DEFAULT_FEATURE_SET.names})
 
 
 def test_groups_of_nodes_read_separately_give_the_same_table(dataset, pandas_table):
@@ -98,8 +108,12 @@ def test_online_replay_of_the_dataset_equals_batch(dataset, pandas_table):
 
 
 def test_cli_writes_the_table(dataset, pandas_table, tmp_path):
-    out = tmp_path / "features.parquet"
+    out = tmp_path / "features"
     result = CliRunner().invoke(app, ["features", "--data", str(dataset), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert DEFAULT_FEATURE_SET.hash[:12] in result.output
-    pd.testing.assert_frame_equal(pd.read_parquet(out), pandas_table)
+    table = FeatureTable.open(out)
+    assert table.identity.feature_set_hash == DEFAULT_FEATURE_SET.hash and table.identity.cadence_ms == 60_000
+    pd.testing.assert_frame_equal(table.read_all(), _float32(pandas_table))
+    again = CliRunner().invoke(app, ["features", "--data", str(dataset), "--out", str(out)])
+    assert again.exit_code == 2 and "already holds a feature table" in again.output
