@@ -8,5 +8,6 @@ lifelines, the field's survival library; each returns an :class:`Analysis`, a fr
 matplotlib figure built without pyplot. ``titan``: the Titan figures beside the study's own
 tables (``notebooks/fleet_reliability.ipynb``). ``refault``: a simulator profile's ``[refault]``
 table fitted to a trace's repeat-failure curve. ``history``: how well a node's own history ranks
-the nodes that fail next (``docs/results.md``).
+the nodes that fail next (``docs/results.md``). ``burnin``: the burn-in thresholds (who is held
+out after a repair, and for how long) read from the repeat-failure curve.
 """
