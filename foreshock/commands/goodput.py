@@ -5,7 +5,10 @@ or the real InfiniteHBD trace), replays them with ``foreshock.models.goodput`` a
 cluster size (or JSON), plus a plot of ETTR against recall. With ``--drill`` (the JSON of
 ``foreshock drill --json``) and ``--state-gb-per-gpu`` it also projects a tiered in-memory
 checkpoint job to each size (``foreshock.models.goodput.projection``), adds its ``tiered`` and
-``tiered+foreshock`` rows and prints where every figure came from.
+``tiered+foreshock`` rows and prints where every figure came from. With ``--burn-in`` every
+strategy is replayed again with repaired nodes held out under the burn-in rule
+(``foreshock.models.goodput.burnin``; the defaults are those the real trace's repeat-failure
+curve gives, ``foreshock.models.reliability.DEFAULT_BURN_IN``).
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ from foreshock.models.goodput import (
     resize,
     sweep,
 )
+from foreshock.models.goodput.burnin import apply_burn_in
 from foreshock.models.goodput.plot import plot_ettr_vs_recall
 from foreshock.models.goodput.tiers import pair_loss_window_s
+from foreshock.models.reliability import DEFAULT_BURN_IN, SECONDS_PER_DAY, BurnIn
 
 SWEEP_RECALLS = tuple(k / 10 for k in range(11))
 
@@ -74,7 +79,8 @@ def _trace_builder(profile: str | None, trace: str | None, dataset: Path | None,
 
 
 def _print_tables(console: Console, table: pd.DataFrame, traces: dict[int, FailureTrace], params: JobParams,
-                  op: OperatingPoint, source: str, tiers: dict[int, TierProjection] | None = None) -> None:
+                  op: OperatingPoint, source: str, tiers: dict[int, TierProjection] | None = None,
+                  burn_in: BurnIn | None = None) -> None:
     lead_s = float(np.median(op.lead_time_s))
     console.print(f"[bold]goodput[/] {source}: checkpoint {params.checkpoint_s:g} s, "
                   f"restart {params.restart_s:g} s, migration {params.migration_s:g} s, "
@@ -104,8 +110,29 @@ def _print_tables(console: Console, table: pd.DataFrame, traces: dict[int, Failu
                 cells.append(f"{r.lost_time_reduction_vs_young_daly:+.1%}")
             out.add_row(*cells)
         console.print(out)
+        if burn_in is not None:
+            _print_burn_in(console, trace, burn_in)
         if tiers:
             _print_pair_losses(console, rows, trace, tiers[gpus])
+
+
+def _print_burn_in(console: Console, trace: FailureTrace, burn_in: BurnIn) -> None:
+    """What the burn-in rule held back on this trace, and what it held out of service."""
+    replay = apply_burn_in(trace, burn_in)
+    console.print(f"  +burn-in: a node back from repair with {burn_in.failures} failures within "
+                  f"{burn_in.window_s / SECONDS_PER_DAY:g} days stays out {burn_in.length_s / 3600:g} h: "
+                  f"{replay.held} of {len(trace)} failures landed in a burn-in instead of the job; "
+                  f"{replay.burn_ins} burn-ins held {replay.node_s / SECONDS_PER_DAY:.0f} node-days out of "
+                  f"service ({replay.node_s / trace.duration_s:.2f} nodes on average)", soft_wrap=True)
+
+
+def _burn_in(length: str | None, failures: int, window: str) -> BurnIn | None:
+    if length is None:
+        return None
+    try:
+        return BurnIn(failures=failures, window_s=_seconds(window), length_s=_seconds(length))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--burn-in") from None
 
 
 def _minutes(value: float) -> str:
@@ -176,9 +203,17 @@ def goodput(
                                      "(drill-256mb): adds the tiered strategies.")] = None,
     state_gb_per_gpu: Annotated[float | None, Opt(help="Training state per GPU (GB) to project --drill "
                                                   "to, e.g. 0.4 for Llama 3 405B on 16,384 GPUs.")] = None,
+    burn_in: Annotated[str | None, Opt(help="Also replay every strategy (as STRATEGY+burn-in) with repaired "
+                                       "nodes held out this long, e.g. 48h (what the real trace's "
+                                       "repeat-failure curve gives).")] = None,
+    burn_in_failures: Annotated[int, Opt(help="Burn-in: failures within --burn-in-window that send a "
+                                         "repaired node into burn-in.")] = DEFAULT_BURN_IN.failures,
+    burn_in_window: Annotated[str, Opt(help="Burn-in: the window those failures are counted in.")] =
+        f"{DEFAULT_BURN_IN.window_s / SECONDS_PER_DAY:g}d",
 ) -> None:
     """Compare checkpointing strategies (fixed, Young/Daly, Foreshock, oracle; tiered with --drill)."""
     source, own_gpus, trace_for = _trace_builder(profile, trace, dataset, days, seed)
+    rule = _burn_in(burn_in, burn_in_failures, burn_in_window)
     try:
         metrics_path = None if metrics is None else shipped.operating_point(metrics)
         drill_path = None if drill is None else shipped.operating_point(drill)
@@ -199,7 +234,7 @@ def goodput(
     tiers = _projections(drill_path, state_gb_per_gpu, [t.gpus for t in traces.values()])
     tiered_for = None if tiers is None else (lambda tr: tiers[tr.gpus].job_params(params))
     table = compare([traces[g] for g in sizes], params, op, fixed_interval_s=_seconds(interval), seed=seed,
-                    tiered_for=tiered_for)
+                    tiered_for=tiered_for, burn_in=rule)
     by_gpus = {t.gpus: t for t in traces.values()}
     if as_json:
         typer.echo(json.dumps([{k: row[k] for k in JSON_KEYS} for row in table.to_dict("records")], indent=2))
@@ -211,7 +246,7 @@ def goodput(
                 _print_pair_losses(err, rows, by_gpus[gpus], tiers[gpus])
     else:
         console = Console(width=120 if tiers is None else 150)  # the tiered table has two more columns
-        _print_tables(console, table, by_gpus, params, op, source, tiers)
+        _print_tables(console, table, by_gpus, params, op, source, tiers, rule)
         if tiers is not None:
             assert drill_path is not None
             _print_projection(console, drill_path, tiers)

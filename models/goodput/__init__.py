@@ -5,9 +5,12 @@ trace), ``simulate`` replays one against a checkpointed job, ``compare`` runs th
 side by side and sweeps cluster size and recall (``sweep`` is what notebooks call), ``plot``
 draws ETTR against recall. ``tiers`` is the tiered in-memory checkpoint model (memory, peer and
 durable tiers) and ``projection`` its costs at scale from a drill file and published figures.
+``burnin`` is the failures a job still sees when repaired nodes go through a burn-in.
 """
 
+from foreshock.models.goodput.burnin import BurnInReplay, apply_burn_in
 from foreshock.models.goodput.compare import (
+    BURN_IN_SUFFIX,
     JSON_KEYS,
     STRATEGIES,
     TIERED_STRATEGIES,
@@ -29,10 +32,12 @@ from foreshock.models.goodput.traces import (
 )
 
 __all__ = [
+    "BURN_IN_SUFFIX",
     "JSON_KEYS",
     "SOURCES",
     "STRATEGIES",
     "TIERED_STRATEGIES",
+    "BurnInReplay",
     "DrillReport",
     "FailureTrace",
     "JobParams",
@@ -40,6 +45,7 @@ __all__ = [
     "SimResult",
     "TierParams",
     "TierProjection",
+    "apply_burn_in",
     "compare",
     "ettr_tiered",
     "from_ground_truth",

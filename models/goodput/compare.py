@@ -21,8 +21,13 @@ drill by ``foreshock.models.goodput.projection``) two more (``TIERED_STRATEGIES`
 A pair-loss probability the tiered parameters leave open is estimated from the trace itself
 (``foreshock.models.goodput.tiers.pair_loss_probability``) over the window in which one copy only exists.
 
+With a burn-in rule (:class:`~foreshock.models.reliability.BurnIn`), :func:`compare` replays every
+strategy a second time, named ``STRATEGY+burn-in``, on the failures that reach the job when
+repaired nodes go through the burn-in (:mod:`foreshock.models.goodput.burnin`).
+
 All strategies see the same failures; the foreshock warnings come from one random draw per
-failure, so raising recall only adds warnings (common random numbers).
+failure, so raising recall only adds warnings (common random numbers). A burn-in replay keeps
+each remaining failure's own draws.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from foreshock.models.goodput.burnin import BurnInReplay, apply_burn_in
 from foreshock.models.goodput.simulate import JobParams, SimResult, simulate
 from foreshock.models.goodput.tiers import (
     draw_pair_losses,
@@ -47,14 +53,16 @@ from foreshock.models.goodput.tiers import (
 from foreshock.models.goodput.traces import FailureTrace
 from foreshock.models.reliability import (
     SECONDS_PER_DAY,
+    BurnIn,
     daly_interval_seconds,
     mitigation_success_probability,
 )
 
-__all__ = ["STRATEGIES", "TIERED_STRATEGIES", "JSON_KEYS", "OperatingPoint", "draw_warnings", "resolve_tiers",
-           "run_strategies", "compare", "sweep"]
+__all__ = ["STRATEGIES", "TIERED_STRATEGIES", "BURN_IN_SUFFIX", "JSON_KEYS", "OperatingPoint",
+           "draw_warnings", "resolve_tiers", "run_strategies", "compare", "sweep"]
 
 STRATEGIES = ("fixed", "young_daly", "foreshock", "oracle")
+BURN_IN_SUFFIX = "+burn-in"
 TIERED_STRATEGIES = ("tiered", "tiered+foreshock")
 ORACLE_MARGIN_S = 60.0
 MIN_SAMPLE = 5  # evaluated failures (or lead times) below which a metrics breakdown is not trusted
@@ -165,43 +173,50 @@ def resolve_tiers(trace: FailureTrace, tiered: JobParams,
     return replace(tiered, tiers=tiers), trace.duration_s if math.isinf(interval) else interval, every
 
 
-def _run_tiered(trace: FailureTrace, tiered: JobParams, op: OperatingPoint | None, seed: int) -> SimResult:
+def _run_tiered(trace: FailureTrace, full: FailureTrace, kept: np.ndarray, tiered: JobParams,
+                op: OperatingPoint | None, seed: int) -> SimResult:
+    """A tiered strategy on ``trace``: the failures ``kept`` of ``full`` (each keeps its own draws)."""
     params, interval, every = resolve_tiers(trace, tiered, op)
     assert params.tiers is not None
-    lost_both = draw_pair_losses(trace, params.tiers.q, seed)
+    lost_both = draw_pair_losses(full, params.tiers.q, seed)[kept]
     if op is None:
         return simulate(trace, interval, params, durable_every=every, pair_lost=lost_both)
-    warn, false_alarms = draw_warnings(trace, op, seed)
-    return simulate(trace, interval, params, warn_s=warn, false_alarm_s=false_alarms, durable_every=every,
-                    pair_lost=lost_both)
+    warn, false_alarms = draw_warnings(full, op, seed)
+    return simulate(trace, interval, params, warn_s=warn[kept], false_alarm_s=false_alarms,
+                    durable_every=every, pair_lost=lost_both)
 
 
 def run_strategies(trace: FailureTrace, params: JobParams, op: OperatingPoint, *,
                    fixed_interval_s: float = 1800.0, strategies: Sequence[str] | None = None,
-                   seed: int = 0, tiered: JobParams | None = None) -> dict[str, SimResult]:
+                   seed: int = 0, tiered: JobParams | None = None,
+                   burn_in: BurnInReplay | None = None) -> dict[str, SimResult]:
     """Replay ``trace`` once per strategy (see the module docstring).
 
     ``strategies`` defaults to ``STRATEGIES``, plus ``TIERED_STRATEGIES`` when ``tiered`` is given.
+    With ``burn_in`` (:func:`~foreshock.models.goodput.burnin.apply_burn_in` of ``trace``) the job
+    sees only the failures that reach it.
     """
     if strategies is None:
         strategies = STRATEGIES + (TIERED_STRATEGIES if tiered is not None else ())
+    job, kept = (trace, np.ones(len(trace), bool)) if burn_in is None else (burn_in.trace, burn_in.kept)
     results: dict[str, SimResult] = {}
     for name in strategies:
         if name == "fixed":
-            results[name] = simulate(trace, fixed_interval_s, params)
+            results[name] = simulate(job, fixed_interval_s, params)
         elif name == "young_daly":
-            results[name] = simulate(trace, daly_interval_seconds(params.checkpoint_s, trace.mtbf_s), params)
+            results[name] = simulate(job, daly_interval_seconds(params.checkpoint_s, job.mtbf_s), params)
         elif name == "foreshock":
             warn, false_alarms = draw_warnings(trace, op, seed)
-            results[name] = simulate(trace, _foreshock_interval(trace, params, op), params,
-                                     warn_s=warn, false_alarm_s=false_alarms)
+            results[name] = simulate(job, _foreshock_interval(job, params, op), params,
+                                     warn_s=warn[kept], false_alarm_s=false_alarms)
         elif name == "oracle":
             lead = params.checkpoint_s + params.migration_s + ORACLE_MARGIN_S
-            results[name] = simulate(trace, math.inf, params, warn_s=np.maximum(0.0, trace.fail_s - lead))
+            results[name] = simulate(job, math.inf, params, warn_s=np.maximum(0.0, job.fail_s - lead))
         elif name in TIERED_STRATEGIES:
             if tiered is None:
                 raise ValueError(f"strategy {name!r} needs the tiered job's parameters (tiered=...)")
-            results[name] = _run_tiered(trace, tiered, op if name == "tiered+foreshock" else None, seed)
+            results[name] = _run_tiered(job, trace, kept, tiered, op if name == "tiered+foreshock" else None,
+                                        seed)
         else:
             known = ", ".join(STRATEGIES + TIERED_STRATEGIES)
             raise ValueError(f"unknown strategy {name!r}; known: {known}")
@@ -238,24 +253,39 @@ def _rows(results: Mapping[str, SimResult], baseline: SimResult) -> list[dict[st
 
 def compare(traces: Iterable[FailureTrace], params: JobParams, op: OperatingPoint, *,
             fixed_interval_s: float = 1800.0, seed: int = 0,
-            tiered_for: Callable[[FailureTrace], JobParams] | None = None) -> pd.DataFrame:
+            tiered_for: Callable[[FailureTrace], JobParams] | None = None,
+            burn_in: BurnIn | None = None) -> pd.DataFrame:
     """One row per (trace, strategy); ``lost_time_reduction`` is relative to ``fixed`` on that trace.
 
     ``tiered_for(trace)`` gives the tiered job's parameters for that trace (its costs depend on
-    the cluster size); with it the ``TIERED_STRATEGIES`` rows follow the others.
+    the cluster size); with it the ``TIERED_STRATEGIES`` rows follow the others. With ``burn_in``
+    every strategy's row is followed by the rows of the same strategies under the burn-in
+    (``STRATEGY+burn-in``), still against ``fixed`` without it.
 
     Columns: the JSON keys of ``foreshock goodput --json`` (``gpus``, ``strategy``, ``ettr``,
     ``lost_gpu_hours_per_day``, ``interruptions_per_day``, ``lost_time_reduction``) then
     ``interval_min``, ``migrations_per_day``, ``planned_restarts_per_day``,
     ``lost_time_reduction_vs_young_daly``, and for tiered rows ``durable_interval_min``,
-    ``pair_loss_probability``, ``pair_losses`` (NaN, NaN, 0 otherwise).
+    ``pair_loss_probability``, ``pair_losses`` (NaN, NaN, 0 otherwise); then ``held_by_burn_in``
+    (failures that landed in a burn-in instead of the job), ``burn_ins`` and
+    ``burn_in_node_days`` (capacity held out), 0 without a burn-in.
     """
     rows: list[dict[str, Any]] = []
     for trace in traces:
         tiered = tiered_for(trace) if tiered_for is not None else None
         results = run_strategies(trace, params, op, fixed_interval_s=fixed_interval_s, seed=seed,
                                  tiered=tiered)
-        rows += _rows(results, results["fixed"])
+        held = dict.fromkeys(results, (0, 0, 0.0))
+        if burn_in is not None:
+            replay = apply_burn_in(trace, burn_in)
+            burned = run_strategies(trace, params, op, fixed_interval_s=fixed_interval_s, seed=seed,
+                                    tiered=tiered, burn_in=replay)
+            for name, result in burned.items():
+                results[name + BURN_IN_SUFFIX] = result
+                held[name + BURN_IN_SUFFIX] = (replay.held, replay.burn_ins, replay.node_s / SECONDS_PER_DAY)
+        for row in _rows(results, results["fixed"]):
+            row["held_by_burn_in"], row["burn_ins"], row["burn_in_node_days"] = held[row["strategy"]]
+            rows.append(row)
     return pd.DataFrame(rows)
 
 

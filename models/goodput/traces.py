@@ -21,7 +21,8 @@ import pandas as pd
 
 from foreshock.ingest.dataset import read_ground_truth, read_manifest
 from foreshock.ingest.simulator.calibration import cause_of
-from foreshock.ingest.simulator.profile import read_profile_data
+from foreshock.ingest.simulator.profile import parse_profile, read_profile_data
+from foreshock.ingest.simulator.schedule import draw_schedule
 from foreshock.models.reliability import SECONDS_PER_DAY
 
 __all__ = [
@@ -140,7 +141,16 @@ def from_profile(profile: Mapping[str, Any], *, gpus: int, days: float, seed: in
     cluster's) median repair time when the profile gives one (``repair_median_hours``, spread
     ``[cluster] repair_sigma``), else around 24 h. Assumes independent exponential inter-arrival
     times, as the closed forms do.
+
+    A profile with a ``[refault]`` table (failed repairs and lemon nodes, e.g.
+    ``infinitehbd-refault``) is drawn node by node by the cluster simulator's own schedule
+    (:func:`foreshock.ingest.simulator.schedule.draw_schedule`): each node is down for its repair
+    and fails again as the table says, so a burn-in (:mod:`foreshock.models.goodput.burnin`) has
+    repeat failures to hold back. Such a profile must be complete (it is validated as the
+    simulator validates it).
     """
+    if "refault" in profile:
+        return _from_schedule(profile, gpus=gpus, days=days, seed=seed)
     cluster = profile.get("cluster", {})
     rate = float(cluster["interruptions_per_gpu_day"])
     gpus_per_node = int(cluster.get("gpus_per_node", 8))
@@ -158,6 +168,19 @@ def from_profile(profile: Mapping[str, Any], *, gpus: int, days: float, seed: in
     causes = np.array([str(e.get("cause", "unknown")) for e in entries], dtype=object)[pick]
     return _make(str(profile.get("name", "profile")), nodes, gpus_per_node, duration_s, fail_s, repair_s,
                  causes, rng.integers(0, nodes, count))
+
+
+def _from_schedule(profile: Mapping[str, Any], *, gpus: int, days: float, seed: int) -> FailureTrace:
+    """The failures the cluster simulator draws for ``profile``'s nodes over ``days``."""
+    name = str(profile.get("name", "profile"))
+    spec = parse_profile({k: v for k, v in profile.items() if k != "name"}, name)
+    nodes = math.ceil(gpus / spec.cluster.gpus_per_node)
+    end_ms = int(days * SECONDS_PER_DAY * 1000)
+    failures = draw_schedule(spec, nodes, 0, end_ms, seed).failures
+    fail_ms = np.array([f.ts for f in failures], dtype=np.int64)
+    repair_ms = np.array([f.repair_ts for f in failures], dtype=np.int64) - fail_ms
+    return _make(name, nodes, spec.cluster.gpus_per_node, days * SECONDS_PER_DAY, fail_ms / 1000.0,
+                 repair_ms / 1000.0, [f.cause for f in failures], [f.node for f in failures])
 
 
 def from_ground_truth(directory: str | Path) -> FailureTrace:
