@@ -27,8 +27,14 @@ Definitions (used for every predictor alike, so the numbers compare):
   ``caught_15_minutes_ahead`` counts the detectable failures caught at least
   :data:`WARNING_MINUTES` ahead. Unlike the median lead it never falls when a predictor also
   catches failures that show only in the last minutes, so it is the figure for "warns earlier".
-- The **budget threshold** is the lowest threshold whose false-alarm rate on the given rows
-  (validation, when training) stays within the budget.
+- The **budget threshold** (:meth:`EvalRows.threshold_for_budget`) is the lowest threshold at
+  and above which the false alarms on the given rows keep an upper confidence bound within the
+  budget: Garwood's exact one-sided bound (:func:`poisson_upper_bound`, at ``confidence``,
+  default :data:`BUDGET_CONFIDENCE`) on the Poisson mean of false-alarm *episodes* over the rows'
+  node-days. A threshold is judged by the most false alarms of any threshold at or above it, so a
+  dip (an alarm that merges into a true one at a lower threshold) never lets the rule step into a
+  pocket. When the rows are too few to bound the rate within budget even with no false alarm,
+  the threshold is the lowest with none, and the choice says it is not ``certified``.
 - **Recall at equal false-alarm rates** (``recall_at_rates``) sets each predictor's threshold on
   the evaluated rows themselves for each of a few rates, so predictors whose validation
   thresholds spend different budgets on new data can still be compared like for like.
@@ -36,19 +42,23 @@ Definitions (used for every predictor alike, so the numbers compare):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 __all__ = ["EvalRows", "EVAL_COLUMNS", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES", "AFTER_RETURN_MS",
-           "WARNING_MINUTES", "episode_starts", "median_interval"]
+           "WARNING_MINUTES", "BUDGET_CONFIDENCE", "BudgetChoice", "episode_starts", "median_interval",
+           "most_within", "poisson_upper_bound"]
 
 DAY_MS = 86_400_000
 ALERT_CLEAR_MS = 30 * 60_000
 EQUAL_RATES = (1.0, 2.0, 5.0, 10.0)  # false alarms per 1,000 node-days for ``recall_at_rates``
 AFTER_RETURN_MS = 60 * 60_000  # ``false_alarms_after_return``: the longest error-counter window
 WARNING_MINUTES = 15  # ``caught_15_minutes_ahead``: time to checkpoint, drain and migrate ranks
+# one-sided confidence of the false-alarm bound the budget threshold keeps within budget
+BUDGET_CONFIDENCE = 0.9
 # what EvalRows reads of a labelled frame (``returned_ts`` when there); scores come beside them
 EVAL_COLUMNS = ("node", "ts", "label", "failure_ts", "cause", "detectable", "returned_ts")
 
@@ -65,6 +75,71 @@ def episode_starts(stretch: np.ndarray, ts: np.ndarray, clear_ms: int, cadence_m
     start = np.ones(ts.size, dtype=bool)
     start[1:] = (stretch[1:] != stretch[:-1]) | (np.diff(ts) > gap)
     return start
+
+
+def poisson_upper_bound(count: int, confidence: float) -> float:
+    """Garwood's exact one-sided upper confidence bound on a Poisson mean from ``count`` events:
+    the mean ``mu`` at which seeing ``count`` or fewer has probability ``1 - confidence``.
+
+    Zero events still bound the mean by ``-ln(1 - confidence)`` (2.30 at 90 %): a rate over a
+    thousand node-days with no false alarm is not known to be under one per thousand.
+
+    >>> round(poisson_upper_bound(0, 0.9), 3), round(poisson_upper_bound(2, 0.95), 3)
+    (2.303, 6.296)
+    """
+    if count < 0 or not 0.0 < confidence < 1.0:
+        raise ValueError(f"need count >= 0 and 0 < confidence < 1 (got {count}, {confidence})")
+    log_factorial = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, count + 1)))])
+    i = np.arange(count + 1)
+
+    def at_most(mu: float) -> float:  # P(Poisson(mu) <= count), summed in log space
+        logs = -mu + i * math.log(mu) - log_factorial
+        top = logs.max()
+        return float(math.exp(top) * np.exp(logs - top).sum())
+
+    lo, hi = 0.0, count + 20.0 * math.sqrt(count + 1.0) + 20.0
+    for _ in range(100):  # bisection: at_most falls as mu grows
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if at_most(mid) > 1.0 - confidence else (lo, mid)
+    return hi
+
+
+def most_within(limit: float, confidence: float) -> int:
+    """The most events whose :func:`poisson_upper_bound` stays at or under ``limit``; -1 when even
+    none does."""
+    lo, hi = -1, max(0, math.floor(limit))  # the bound exceeds the count itself
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if poisson_upper_bound(mid, confidence) <= limit else (lo, mid - 1)
+    return lo
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    """A budget threshold and the evidence behind it (:meth:`EvalRows.threshold_for_budget`).
+
+    ``false_alarms`` is the most false-alarm episodes of any candidate threshold at or above
+    ``threshold`` on ``node_days`` of rows; ``upper_per_1000_node_days`` the bound on their rate
+    at ``confidence``; ``certified`` whether that bound is within the budget."""
+
+    threshold: float
+    budget_per_1000_node_days: float
+    confidence: float
+    node_days: float
+    false_alarms: int
+    upper_per_1000_node_days: float
+    certified: bool
+
+    def to_json(self) -> dict[str, float | int | bool]:
+        return {
+            "threshold": self.threshold,
+            "budget_false_alarms_per_1000_node_days": self.budget_per_1000_node_days,
+            "confidence": self.confidence,
+            "node_days": self.node_days,
+            "false_alarms": self.false_alarms,
+            "false_alarms_upper_bound_per_1000_node_days": self.upper_per_1000_node_days,
+            "certified": self.certified,
+        }
 
 
 @dataclass
@@ -125,31 +200,41 @@ class EvalRows:
         """``(threshold, false alarms per 1,000 node-days, failures caught)`` from the top score
         down, over every distinct score or ~400 rank-spaced ones, until the rate has stayed above
         ``max_rate`` for 25 candidates in a row (it only grows from there, bar small wobbles)."""
-        desc = np.unique(score)[::-1]
-        if desc.size <= 400:
-            ranks = np.arange(desc.size)
-        else:
-            ranks = np.unique(np.geomspace(1, desc.size, 400).astype(int)) - 1
         out: list[tuple[float, float, int]] = []
         over = 0
-        for r in ranks:
-            thr = float(desc[r])
+        for thr in map(float, _candidates(score)):
             alert = score >= thr
             rate = self.false_alarm_rate(alert)
-            out.append((thr, rate, self._caught(alert).sum().item()))
+            out.append((thr, rate, self.caught(alert).sum().item()))
             over = over + 1 if rate > max_rate else 0
             if over >= 25:
                 break
         return out
 
-    def threshold_for_budget(self, score: np.ndarray, budget_per_1000_node_days: float) -> float:
-        """Lowest candidate threshold (see :meth:`sweep`) whose false-alarm rate is within budget;
-        above every score (no alerts) when even the top score breaks it."""
-        within = [thr for thr, rate, _ in self.sweep(score, budget_per_1000_node_days)
-                  if rate <= budget_per_1000_node_days]
-        if within:
-            return min(within)
-        return float(np.nextafter(score.max(), np.inf)) if score.size else 1.0
+    def threshold_for_budget(
+        self, score: np.ndarray, budget_per_1000_node_days: float, confidence: float = BUDGET_CONFIDENCE
+    ) -> BudgetChoice:
+        """The lowest candidate threshold (see :meth:`sweep`) at and above which the false alarms
+        on these rows keep their upper bound within the budget (the module docstring). Above every
+        score (no alerts) when the top score is itself a false alarm the budget cannot afford."""
+        days = self.node_days
+        if budget_per_1000_node_days < 0 or days <= 0:
+            raise ValueError("a budget threshold needs a budget >= 0 and scored rows")
+
+        def upper(count: int) -> float:
+            return poisson_upper_bound(count, confidence) / days * 1000.0
+
+        # the most false alarms whose bound is within budget (0 when none is: then not certified)
+        allowed = max(0, most_within(budget_per_1000_node_days * days / 1000.0, confidence))
+        chosen, kept, most = float(np.nextafter(score.max(), np.inf)), 0, 0
+        for thr in _candidates(score):
+            most = max(most, self.episodes(score >= thr)[1])
+            if most > allowed:
+                break
+            chosen, kept = float(thr), most
+        bound = upper(kept)
+        return BudgetChoice(chosen, float(budget_per_1000_node_days), float(confidence), days, kept, bound,
+                            bound <= budget_per_1000_node_days)
 
     def recall_at_rates(self, score: np.ndarray, rates: tuple[float, ...] = EQUAL_RATES) -> dict[str, dict]:
         """Per false-alarm rate: the most failures caught by a threshold that keeps false alarms
@@ -168,7 +253,7 @@ class EvalRows:
                                "false_alarms_per_1000_node_days": rate, "threshold": thr}
         return out
 
-    def _caught(self, alert: np.ndarray) -> np.ndarray:
+    def caught(self, alert: np.ndarray) -> np.ndarray:
         """Per failure in :attr:`failures`: whether one of its positive rows alerts."""
         caught = np.zeros(len(self.failures), dtype=bool)
         caught[self._failure_of_pos[alert[self._pos_rows]]] = True
@@ -182,7 +267,7 @@ class EvalRows:
         since_return = self._ts[first[~true]] - self._returned[first[~true]]
         pos_alert = alert[self._pos_rows]
         nf = len(self.failures)
-        caught = self._caught(alert)
+        caught = self.caught(alert)
         first_alert = np.full(nf, np.iinfo(np.int64).max, dtype=np.int64)
         hit = self._failure_of_pos[pos_alert]
         np.minimum.at(first_alert, hit, self._ts[self._pos_rows][pos_alert])
@@ -229,6 +314,15 @@ class EvalRows:
             c = caught[np.asarray(groups.index.get_indexer(idx))]
             out[str(name)] = {"failures": int(c.size), "caught": int(c.sum()), "recall": float(c.mean())}
         return out
+
+
+def _candidates(score: np.ndarray) -> np.ndarray:
+    """Thresholds to try, from the top score down: every distinct score, or ~400 rank-spaced ones
+    (one per rank at the top, where alerts are few)."""
+    desc = np.unique(score)[::-1]
+    if desc.size <= 400:
+        return desc
+    return desc[np.unique(np.geomspace(1, desc.size, 400).astype(int)) - 1]
 
 
 def median_interval(values: np.ndarray, draws: int = 2_000, seed: int = 0) -> list[float] | None:

@@ -5,8 +5,10 @@ regression, its *linear prior*) plus everything needed to turn its raw score int
 operator-facing decision: the ordered feature names and the hash of the feature set they came
 from (the predictor refuses a model whose hash differs from its own), a Platt calibration of the
 margin (fitted on the validation split, so ``predict_proba`` is a probability of failing
-within ``horizon_minutes``), the alert threshold chosen for the false-alarm budget, the metrics
-measured when it was trained, and the fitted parameters of the baselines it was compared with.
+within ``horizon_minutes``), the alert threshold chosen for the false-alarm budget and where it
+came from (``threshold_source``: training's out-of-fold selection, or ``foreshock calibrate`` on
+a cluster's own telemetry), the metrics measured when it was trained, and the fitted parameters
+of the baselines it was compared with.
 
 Saved form (no pickles): ``model.txt`` (LightGBM's own text format) and ``risk_model.json``
 (which holds the linear prior's coefficients). Inside MLflow the booster is logged through the
@@ -67,6 +69,7 @@ class RiskModel:
         baselines: dict[str, Any] | None = None,
         prior: LogisticBaseline | None = None,
         prior_weight: float = 0.0,
+        threshold_source: dict[str, Any] | None = None,
     ) -> None:
         if list(booster.feature_name()) != list(feature_names):
             raise ValueError("booster features differ from feature_names")
@@ -87,6 +90,7 @@ class RiskModel:
         self.baselines = dict(baselines or {})
         self.prior = prior if prior_weight > 0 else None
         self.prior_weight = float(prior_weight) if self.prior is not None else 0.0
+        self.threshold_source = dict(threshold_source or {})
 
     # ---- scoring -------------------------------------------------------------------------
     def matrix(self, frame: pd.DataFrame | np.ndarray) -> np.ndarray:
@@ -147,12 +151,16 @@ class RiskModel:
             out.append(row)
         return out
 
-    def with_threshold(self, threshold: float, baselines: dict[str, Any] | None = None) -> RiskModel:
-        """The same model alerting at ``threshold`` (and with ``baselines`` when given), validated
-        as any new model is."""
+    def with_threshold(
+        self, threshold: float, baselines: dict[str, Any] | None = None, source: dict[str, Any] | None = None
+    ) -> RiskModel:
+        """The same model alerting at ``threshold`` (and with ``baselines`` and the
+        ``threshold_source`` when given), validated as any new model is."""
         meta = {**self.metadata(), "threshold": threshold}
         if baselines is not None:
             meta["baselines"] = baselines
+        if source is not None:
+            meta["threshold_source"] = source
         return RiskModel.from_parts(self.booster, meta)
 
     # ---- persistence ---------------------------------------------------------------------
@@ -171,6 +179,7 @@ class RiskModel:
             "linear_prior": None
             if self.prior is None
             else {"weight": self.prior_weight, **self.prior.to_json()},
+            "threshold_source": self.threshold_source,
         }
 
     @classmethod
@@ -191,6 +200,7 @@ class RiskModel:
             baselines=meta.get("baselines"),
             prior=None if prior is None else LogisticBaseline.from_json(prior),
             prior_weight=0.0 if prior is None else float(prior["weight"]),
+            threshold_source=meta.get("threshold_source"),
         )
 
     def save(self, directory: str | Path) -> Path:

@@ -1,12 +1,12 @@
 """Judge the model and the baselines on the same rows, and write what an operator reads.
 
 For each predictor (``model``, ``rules``, ``logistic``) and each part of the data: PR-AUC and
-ROC-AUC per row, then the operating point at the threshold chosen on *validation* for the
-false-alarm budget (recall and precision, false alarms per 1,000 node-days, lead times, recall
-per failure cause and for detectable vs undetectable failures; definitions in
-:mod:`foreshock.models.alerting`), and recall at a few equal false-alarm rates. :func:`evaluate` applies a
-trained model and its stored baselines, with their stored thresholds, to any other dataset, so
-the budget is tested where it was not tuned.
+ROC-AUC per row, then the operating point at the threshold chosen for the false-alarm budget
+(in training, out of fold; or by ``foreshock calibrate``): recall and precision, false alarms
+per 1,000 node-days beside the budget, lead times, recall per failure cause and for detectable
+vs undetectable failures (definitions in :mod:`foreshock.models.alerting`), and recall at a few
+equal false-alarm rates. :func:`evaluate` applies a trained model and its stored baselines, with
+their stored thresholds, to any other dataset, so the budget is tested where it was not tuned.
 """
 
 from __future__ import annotations
@@ -26,13 +26,18 @@ from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
 from foreshock.models.frame import LabelledData, build_labelled, combined_fingerprint
 
-__all__ = ["PREDICTORS", "predictor_metrics", "scores_of", "clear_ms_of", "evaluate", "write_outputs"]
+__all__ = ["PREDICTORS", "predictor_metrics", "scores_of", "thresholds_of", "budget_of", "clear_ms_of",
+           "evaluate", "write_outputs"]
 
 PREDICTORS = ("model", "rules", "logistic")
 
 
-def predictor_metrics(rows: EvalRows, score: np.ndarray, threshold: float) -> dict[str, Any]:
-    """Ranking metrics per row plus the operating point at ``threshold`` (scores in ``rows`` order)."""
+def predictor_metrics(
+    rows: EvalRows, score: np.ndarray, threshold: float, budget_per_1000_node_days: float | None = None
+) -> dict[str, Any]:
+    """Ranking metrics per row plus the operating point at ``threshold`` (scores in ``rows`` order)
+    and, with the budget the threshold was chosen for, the false alarms spent beside it
+    (``budget_spent``: false alarms per 1,000 node-days over the budget)."""
     y = rows.label
     both = 0 < y.sum() < y.size
     out: dict[str, Any] = {
@@ -44,6 +49,10 @@ def predictor_metrics(rows: EvalRows, score: np.ndarray, threshold: float) -> di
         "roc_auc": float(roc_auc_score(y, score)) if both else None,
     }
     out.update(rows.at_threshold(score, threshold))
+    if budget_per_1000_node_days is not None:
+        out["budget_false_alarms_per_1000_node_days"] = budget_per_1000_node_days
+        rate = out["false_alarms_per_1000_node_days"]
+        out["budget_spent"] = rate / budget_per_1000_node_days if budget_per_1000_node_days else None
     out["recall_at_false_alarm_rates"] = rows.recall_at_rates(score)
     return out
 
@@ -58,12 +67,21 @@ def scores_of(model: RiskModel, frame) -> dict[str, np.ndarray]:
 
 
 def thresholds_of(model: RiskModel) -> dict[str, float]:
-    """Each predictor's budget threshold, as chosen on validation when the model was trained."""
+    """Each predictor's budget threshold, as the model records it (training or ``foreshock calibrate``)."""
     return {
         "model": model.threshold,
         "rules": float(model.baselines["rules"]["threshold"]),
         "logistic": float(model.baselines["logistic"]["threshold"]),
     }
+
+
+def budget_of(model: RiskModel) -> float | None:
+    """The false-alarm budget (per 1,000 node-days) the model's threshold was chosen for: by
+    ``foreshock calibrate`` or in training (None for a model that recorded neither)."""
+    budget = model.threshold_source.get("budget_false_alarms_per_1000_node_days")
+    if budget is None:
+        budget = model.metrics.get("training", {}).get("budget_false_alarms_per_1000_node_days")
+    return None if budget is None else float(budget)
 
 
 def clear_ms_of(model: RiskModel) -> int:
@@ -116,8 +134,10 @@ def evaluate(
     pool = pd.concat([part.frame for part in parts], ignore_index=True)
     rows = EvalRows(pool, cadences.pop(), clear_ms_of(model))
     scores = {p: rows.frame[p].to_numpy() for p in PREDICTORS}
-    thresholds = thresholds_of(model)
-    metrics: dict[str, Any] = {p: predictor_metrics(rows, scores[p], thresholds[p]) for p in PREDICTORS}
+    thresholds, budget = thresholds_of(model), budget_of(model)
+    metrics: dict[str, Any] = {
+        p: predictor_metrics(rows, scores[p], thresholds[p], budget) for p in PREDICTORS
+    }
     if pooled:
         for p in PREDICTORS:
             metrics[p]["by_dataset"] = {part.info["name"]: part.metrics[p] for part in parts}
@@ -131,6 +151,8 @@ def evaluate(
         "dataset_fingerprint": combined_fingerprint(fingerprints) if pooled else fingerprints[0],
         "cadence_ms": rows.cadence_ms,
         "alert_clear_ms": rows.clear_ms,
+        "budget_false_alarms_per_1000_node_days": budget,
+        "threshold_source": model.threshold_source,
     }
     write_outputs(
         out_dir, metrics, {"evaluation": (rows, scores)}, model, title="Risk model evaluation",
@@ -165,9 +187,11 @@ def _score_dataset(model: RiskModel, name: str, labelled: LabelledData, pool_siz
         )
     rows = EvalRows(labelled.frame, labelled.cadence_ms, clear_ms_of(model))
     scores = scores_of(model, rows.frame)
-    thresholds = thresholds_of(model)
+    thresholds, budget = thresholds_of(model), budget_of(model)
     metrics = (
-        {p: predictor_metrics(rows, scores[p], thresholds[p]) for p in PREDICTORS} if per_dataset else {}
+        {p: predictor_metrics(rows, scores[p], thresholds[p], budget) for p in PREDICTORS}
+        if per_dataset
+        else {}
     )
     kept = rows.frame[[c for c in EVAL_COLUMNS if c in rows.frame]].assign(**scores)
     if per_dataset:

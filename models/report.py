@@ -7,6 +7,8 @@ from typing import Any
 
 __all__ = ["TABLE_COLUMNS", "metrics_table", "write_report", "print_table"]
 
+_LONG_SETTINGS = ("split", "threshold_selection", "threshold_source")  # shown in their own sections
+
 PREDICTORS = ("model", "rules", "logistic")
 TABLE_COLUMNS = (
     ("pr_auc", "PR-AUC"),
@@ -14,6 +16,7 @@ TABLE_COLUMNS = (
     ("recall_at_budget", "recall@budget (failures)"),
     ("precision_at_budget", "precision@budget (episodes)"),
     ("false_alarms_per_1000_node_days", "false alarms /1000 node-days"),
+    ("budget_spent", "spent / budget"),
     ("median_lead_minutes", "median lead, 95 % interval (min)"),
     ("caught_15_minutes_ahead", "detectable caught ≥ 15 min ahead"),
     ("detectable_recall", "recall, detectable"),
@@ -30,6 +33,8 @@ def _cell(key: str, m: dict[str, Any]) -> str:
         return "-"
     if key == "recall_at_budget":
         return f"{value:.2f} ({m['caught']}/{m['failures']})"
+    if key == "budget_spent":
+        return f"{value:.2f}"
     if key == "median_lead_minutes" and m.get("median_lead_minutes_ci95"):
         low, high = m["median_lead_minutes_ci95"]
         return f"{value:.1f} ({low:.1f}–{high:.1f})"
@@ -119,6 +124,60 @@ def _equal_rates_table(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _budget_table(metrics: dict[str, Any]) -> str:
+    """False alarms each predictor spent on every evaluated part or dataset, beside the budget."""
+    lines = ["| part | node-days | " + " | ".join(PREDICTORS) + " |", "|---|---|" + "---|" * len(PREDICTORS)]
+    for part, by_pred in _parts(metrics).items():
+        cells = []
+        for name in PREDICTORS:
+            m = by_pred[name]
+            spent = m.get("budget_spent")
+            cells.append(f"{m['false_alarms']} ({m['false_alarms_per_1000_node_days']:.2f}"
+                         + (f", {spent:.2f} × budget)" if spent is not None else ")"))
+        lines.append(f"| {part} | {by_pred['model']['node_days']:,.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _selection_text(metrics: dict[str, Any]) -> list[str]:
+    """How the thresholds were set: training's out-of-fold choice with its folds, or the model's
+    recorded source when evaluating."""
+    info = metrics.get("_info", {})
+    selection = info.get("threshold_selection")
+    if selection is None:
+        source = info.get("threshold_source") or {}
+        if not source:
+            return ["The model records no threshold source."]
+        calibrated = source.get("kind") == "calibrate"
+        where = "on a cluster's own telemetry by `foreshock calibrate`" if calibrated else "in training"
+        return [f"The model's threshold was set {where}: "
+                + ", ".join(f"`{k}` {v}" for k, v in sorted(source.items())) + "."]
+    first = selection[PREDICTORS[0]]
+    days = first["node_days"]
+    text = [
+        f"Each threshold is the lowest at and above which a {first['confidence'] * 100:g} % upper bound "
+        f"on the rate of false-alarm episodes stays within the budget of "
+        f"{first['budget_false_alarms_per_1000_node_days']:g} per 1,000 node-days, on {days:,.0f} "
+        f"node-days scored out of fold ({len(selection['folds'])} time blocks: the validation period, "
+        "scored by the model, and blocks of the training period, each scored by a model fitted "
+        "without it).",
+        "",
+        "| predictor | threshold | false alarms out of fold | upper bound /1000 node-days | certified |",
+        "|---|---|---|---|---|",
+    ]
+    for p in PREDICTORS:
+        c = selection[p]
+        bound = c["false_alarms_upper_bound_per_1000_node_days"]
+        text.append(f"| {p} | {c['threshold']:.4g} | {c['false_alarms']} | {bound:.2f} | "
+                    f"{'yes' if c['certified'] else 'no'} |")
+    text += ["", "| fold | scored by | node-days | failures | "
+             + " | ".join(f"{p}: false alarms, caught" for p in PREDICTORS) + " |",
+             "|---|---|---|---|" + "---|" * len(PREDICTORS)]
+    for f in selection["folds"]:
+        text.append(f"| {f['index']} | {f['scored_by']} | {f['node_days']:,.0f} | {f['failures']} | "
+                    + " | ".join(f"{f[p]['false_alarms']}, {f[p]['caught']}" for p in PREDICTORS) + " |")
+    return text
+
+
 def _setting(key: str, value: Any) -> str:
     """A setting as the report's table shows it: each evaluated dataset by name, profile, size
     and seed."""
@@ -139,15 +198,22 @@ def write_report(
         "",
         "| setting | value |",
         "|---|---|",
-        *(f"| {k} | {_setting(k, v)} |" for k, v in info.items() if k != "split"),
+        *(f"| {k} | {_setting(k, v)} |" for k, v in info.items() if k not in _LONG_SETTINGS),
         "",
         "## Model vs baselines",
         "",
-        "Thresholds were chosen on validation for the false-alarm budget "
-        f"(score thresholds: {thresholds}). Recall is per failure; precision per alert episode "
+        f"Score thresholds: {thresholds}. Recall is per failure; precision per alert episode "
         "(an episode ends after `alert_clear_ms` with no alerting row, or when the node's rows break).",
         "",
         metrics_table(metrics),
+        "",
+        "## False alarms against the budget",
+        "",
+        "False alarms (per 1,000 node-days, and that rate over the budget) on every evaluated part.",
+        "",
+        _budget_table(metrics),
+        "",
+        *_selection_text(metrics),
         "",
         f"False alarms that start within an hour after the node came back from repair ({plotted_part}): "
         + ", ".join(f"{p} {metrics[p].get('false_alarms_after_return', '-')} of {metrics[p]['false_alarms']}"

@@ -33,10 +33,13 @@ Recipe (each step on the time split of :mod:`foreshock.models.splits`, nothing s
    still means "fails within H".
 3. Platt calibration of the margin (trees plus prior) on validation rows (a monotone map:
    ranking unchanged).
-4. The alert threshold: the lowest one whose false alarms on validation stay within the budget
-   (default 1 per 1,000 node-days; alert episodes clear after 30 quiet minutes:
-   :mod:`foreshock.models.alerting`). The same procedure sets the
-   baselines' thresholds, so every predictor spends the same budget.
+4. The alert threshold, for the budget (default 1 false alarm per 1,000 node-days; alert
+   episodes clear after 30 quiet minutes): on the validation period and ``folds - 1`` blocks of
+   the training period, each scored by a model that never saw it (:mod:`foreshock.models.folds`),
+   the lowest threshold at and above which a 90 % upper bound on the rate of false-alarm
+   episodes stays within the budget (:meth:`foreshock.models.alerting.EvalRows.threshold_for_budget`).
+   The same procedure, on the same folds, sets the baselines' thresholds, so every predictor
+   spends the same budget.
 5. Metrics of model and baselines on validation, test, and test restricted to held-out nodes.
 
 With a Dask scheduler address, step 2 runs through ``lightgbm.dask`` on that cluster: a fixed
@@ -64,10 +67,11 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
 
 from foreshock.features.default_set import RISK_DIRECTIONS
-from foreshock.models.alerting import ALERT_CLEAR_MS, EvalRows
+from foreshock.models.alerting import ALERT_CLEAR_MS, BUDGET_CONFIDENCE, BudgetChoice, EvalRows
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
 from foreshock.models.evaluate import PREDICTORS, predictor_metrics, write_outputs
+from foreshock.models.folds import FOLDS, choose_thresholds, out_of_fold
 from foreshock.models.frame import LabelledData, build_labelled
 from foreshock.models.splits import make_split
 
@@ -88,6 +92,7 @@ __all__ = [
     "censor_before_failures",
     "fit_booster",
     "fit_with_prior",
+    "fold_scores",
     "choose_prior_weight",
     "platt_calibration",
 ]
@@ -210,14 +215,17 @@ def _stop_after(history: list[float]):
 def fit_booster(
     x_train: pd.DataFrame,
     y_train: np.ndarray,
-    x_val: pd.DataFrame,
-    y_val: np.ndarray,
+    x_val: pd.DataFrame | None,
+    y_val: np.ndarray | None,
     params: dict[str, Any],
     dask_address: str | None = None,
-    init: tuple[np.ndarray, np.ndarray] | None = None,
+    init: tuple[np.ndarray, np.ndarray | None] | None = None,
+    rounds: int | None = None,
 ) -> lgb.Booster:
     """Fit, then keep the iterations with the best validation average precision (at least
-    :data:`MIN_ROUNDS` of them); returns a booster holding only those iterations.
+    :data:`MIN_ROUNDS` of them); returns a booster holding only those iterations. With
+    ``rounds``, exactly that many iterations and no validation (``x_val``, ``y_val`` unused):
+    a fold model (:mod:`foreshock.models.folds`) grows as many trees as the model did.
 
     ``init`` is the log-odds the trees start from on the training and validation rows
     (LightGBM's ``init_score``; validation is judged on it plus the trees). Without it LightGBM
@@ -225,15 +233,16 @@ def fit_booster(
     init_train, init_val = init if init is not None else (None, None)
     if dask_address is None:
         history: list[float] = []
+        judged = rounds is None
         with forced_bins_file(x_train) as path:
             booster = lgb.train(
                 {**params, "metric": "average_precision", "forcedbins_filename": path},
                 lgb.Dataset(x_train, y_train, init_score=init_train, free_raw_data=False),
-                num_boost_round=MAX_ROUNDS,
-                valid_sets=[lgb.Dataset(x_val, y_val, init_score=init_val)],
-                callbacks=[_stop_after(history)],
+                num_boost_round=MAX_ROUNDS if judged else rounds,
+                valid_sets=[lgb.Dataset(x_val, y_val, init_score=init_val)] if judged else [],
+                callbacks=[_stop_after(history)] if judged else [],
             )
-        return _trim(booster, _best_iteration(history))
+        return _trim(booster, _best_iteration(history)) if judged else booster
     import dask.dataframe as dd
     from distributed import Client
     from lightgbm.dask import DaskLGBMClassifier
@@ -244,6 +253,8 @@ def fit_booster(
         train = dd.from_pandas(x_train.assign(**columns), npartitions=workers)
         local = {k: v for k, v in params.items() if k != "n_jobs"}  # lightgbm.dask sets threads per worker
         local.setdefault("n_estimators", DASK_ROUNDS)
+        if rounds is not None:
+            local["n_estimators"] = rounds
         # each worker builds its own bins: the bounds file must be at the same path on every one
         path = str(Path(tempfile.gettempdir()) / f"foreshock-forced-bins-{uuid.uuid4().hex}.json")
         client.run(_write_text, path, json.dumps(tail_bin_bounds(x_train)))
@@ -257,6 +268,8 @@ def fit_booster(
         finally:
             client.run(_remove, path)
         booster = clf.booster_
+    if rounds is not None:
+        return booster
     start = 0.0 if init_val is None else init_val
     curve = [
         float(average_precision_score(y_val, start + booster.predict(x_val, raw_score=True, num_iteration=k)))
@@ -357,10 +370,16 @@ class Fitted:
 
     model: RiskModel
     logistic: LogisticBaseline
-    thresholds: dict[str, float]  # per predictor, each spending the same budget on validation
+    selection: dict[str, BudgetChoice]  # per predictor: the budget threshold, chosen out of fold
+    folds: list[dict[str, Any]]  # per fold: its span, node-days, and each predictor's alarms and catches
     candidates: dict[float, dict[str, float]]  # per prior weight: validation pr_auc and Platt map
     params: dict[str, Any]  # the LightGBM parameters used
     train_rows_used: int
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """Per predictor, the threshold that spends the budget."""
+        return {p: c.threshold for p, c in self.selection.items()}
 
 
 def fit(
@@ -376,16 +395,18 @@ def fit(
     clear_ms: int = ALERT_CLEAR_MS,
     seed: int = 0,
     prior_weight: float = PRIOR_WEIGHT,
+    folds: int = FOLDS,
+    budget_confidence: float = BUDGET_CONFIDENCE,
 ) -> Fitted:
     """Fit the logistic baseline, the trees (with or without the prior), the calibration and
-    every predictor's threshold on the training and validation rows (recipe steps 1-4)."""
+    every predictor's threshold on the training and validation rows (recipe steps 1-4); the
+    thresholds on ``folds`` time blocks scored out of fold (:mod:`foreshock.models.folds`)."""
     names = data.feature_names
     for name, part in (("train", train), ("val", val)):
         if part["label"].sum() == 0:
             raise ValueError(f"the {name} period holds no failure: use more nodes or days, or a higher rate")
     rows = _subsample(censor_before_failures(train, censor_ms), negatives_per_positive, seed)
-    logistic_rows = _subsample(train, LOGISTIC_NEGATIVES_PER_POSITIVE, seed)
-    logistic = LogisticBaseline(names, seed=seed).fit(logistic_rows, logistic_rows["label"].to_numpy())
+    logistic = _fit_logistic(train, names, seed)
     params = {
         **DEFAULT_PARAMS,
         "min_child_samples": min_leaf_rows(len(rows)),
@@ -407,18 +428,67 @@ def fit(
         prior=logistic,
         prior_weight=weight,
     )
-    val_rows = EvalRows(val, data.cadence_ms, clear_ms)
     scorers = {"model": unthresholded.predict_proba, "rules": rule_scores, "logistic": logistic.score}
-    thresholds = {
-        p: val_rows.threshold_for_budget(scorers[p](val_rows.frame), budget_per_1000_node_days)
-        for p in PREDICTORS
-    }
+
+    def fit_fold(fold_train: pd.DataFrame, block: pd.DataFrame) -> dict[str, np.ndarray]:
+        return fold_scores(
+            fold_train, block, names, params, rounds=booster.current_iteration(), prior_weight=weight,
+            negatives_per_positive=negatives_per_positive, censor_ms=censor_ms, seed=seed,
+            dask_address=dask_address,
+        )
+
+    scored = out_of_fold(
+        train, val, {p: scorers[p](val) for p in PREDICTORS}, fit_fold, horizon_ms=data.horizon_ms,
+        cadence_ms=data.cadence_ms, clear_ms=clear_ms, folds=folds,
+    )
+    selection = choose_thresholds(scored, budget_per_1000_node_days, budget_confidence)
+    thresholds = {p: c.threshold for p, c in selection.items()}
     baselines = {
         "rules": {"threshold": thresholds["rules"]},
         "logistic": {**logistic.to_json(), "threshold": thresholds["logistic"]},
     }
-    model = unthresholded.with_threshold(thresholds["model"], baselines=baselines)
-    return Fitted(model, logistic, thresholds, candidates, params, len(rows))
+    source = {"kind": "train", "dataset_fingerprint": data.fingerprint, "folds": folds,
+              **selection["model"].to_json()}
+    model = unthresholded.with_threshold(thresholds["model"], baselines=baselines, source=source)
+    summaries = [f.summary(thresholds) for f in scored]
+    return Fitted(model, logistic, selection, summaries, candidates, params, len(rows))
+
+
+def _fit_logistic(train: pd.DataFrame, names: list[str], seed: int) -> LogisticBaseline:
+    """The logistic baseline on its own best training rows (see the module docstring)."""
+    rows = _subsample(train, LOGISTIC_NEGATIVES_PER_POSITIVE, seed)
+    return LogisticBaseline(names, seed=seed).fit(rows, rows["label"].to_numpy())
+
+
+def fold_scores(
+    train: pd.DataFrame,
+    block: pd.DataFrame,
+    names: list[str],
+    params: dict[str, Any],
+    *,
+    rounds: int,
+    prior_weight: float,
+    negatives_per_positive: float,
+    censor_ms: int,
+    seed: int,
+    dask_address: str | None = None,
+) -> dict[str, np.ndarray]:
+    """A fold's models (:mod:`foreshock.models.folds`): the recipe on ``train`` with the model's own
+    choices (``rounds`` trees, ``prior_weight``), its margin Platt-calibrated on ``block``; every
+    predictor's scores on ``block``, in its row order."""
+    logistic = _fit_logistic(train, names, seed)
+    rows = _subsample(censor_before_failures(train, censor_ms), negatives_per_positive, seed)
+    init = (prior_weight * logistic.frame_log_odds(rows), None) if prior_weight > 0 else None
+    booster = fit_booster(rows[names], rows["label"].to_numpy(), None, None, params, dask_address,
+                          init=init, rounds=rounds)
+
+    def as_model(calibration: tuple[float, float]) -> RiskModel:
+        return RiskModel(booster, feature_names=names, feature_set_hash="fold", threshold=1.0,
+                         calibration=calibration, prior=logistic, prior_weight=prior_weight)
+
+    margin = as_model((1.0, 0.0)).margin(block)
+    model = as_model(platt_calibration(margin, block["label"].to_numpy())).predict_proba(block)
+    return {"model": model, "rules": rule_scores(block), "logistic": logistic.score(block)}
 
 
 def score_parts(
@@ -450,7 +520,7 @@ def training_metrics(
     metrics: dict[str, Any] = {}
     for p in PREDICTORS:
         per_part = {
-            part: predictor_metrics(rows, scores[p], fitted.thresholds[p])
+            part: predictor_metrics(rows, scores[p], fitted.thresholds[p], budget_per_1000_node_days)
             for part, (rows, scores) in evaluated.items()
             if len(rows.frame)
         }
@@ -464,6 +534,10 @@ def training_metrics(
         "horizon_minutes": data.horizon_ms // 60_000,
         "cadence_ms": data.cadence_ms,
         "budget_false_alarms_per_1000_node_days": budget_per_1000_node_days,
+        "threshold_selection": {
+            **{p: c.to_json() for p, c in fitted.selection.items()},
+            "folds": fitted.folds,
+        },
         "dataset": {k: data.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")},
         "dataset_fingerprint": data.fingerprint,
         "rows": rows_per_part,
@@ -515,6 +589,8 @@ def train_on(
     seed: int = 0,
     holdout_fraction: float = 0.15,
     prior_weight: float = PRIOR_WEIGHT,
+    folds: int = FOLDS,
+    budget_confidence: float = BUDGET_CONFIDENCE,
 ) -> tuple[RiskModel, dict[str, Any], dict[str, tuple[EvalRows, dict]]]:
     """Split, :func:`fit`, score every part and assemble the metrics. Returns the model (its
     ``metrics`` holding :func:`model_card`), the metrics (``metrics.json`` content) and, per
@@ -535,6 +611,8 @@ def train_on(
         clear_ms=clear_ms,
         seed=seed,
         prior_weight=prior_weight,
+        folds=folds,
+        budget_confidence=budget_confidence,
     )
     evaluated = score_parts(fitted, parts, data.cadence_ms, clear_ms)
     metrics = training_metrics(
@@ -569,6 +647,8 @@ def train_from_dataset(
     censor_ms: int = CENSOR_MS,
     clear_ms: int = ALERT_CLEAR_MS,
     prior_weight: float = PRIOR_WEIGHT,
+    folds: int = FOLDS,
+    budget_confidence: float = BUDGET_CONFIDENCE,
 ) -> RiskModel:
     """Train on a dataset folder; write ``out_dir/model/``, ``metrics.json``, ``report.md`` and
     plots; log the run to MLflow and register the model (unless ``register=False``).
@@ -594,6 +674,8 @@ def train_from_dataset(
         censor_ms=censor_ms,
         clear_ms=clear_ms,
         prior_weight=prior_weight,
+        folds=folds,
+        budget_confidence=budget_confidence,
     )
     if register:
         from foreshock.models.registry import log_and_register, sqlite_uri
@@ -611,6 +693,8 @@ def train_from_dataset(
                 "alert_clear_ms": clear_ms,
                 "prior_weight": model.prior_weight,
                 "budget_false_alarms_per_1000_node_days": budget_per_1000_node_days,
+                "budget_confidence": budget_confidence,
+                "threshold_folds": folds,
                 "best_iteration": metrics["_info"]["best_iteration"],
                 "distributed": dask_address is not None,
                 **{f"lgb_{k}": v for k, v in metrics["_info"]["lgb_params"].items()},

@@ -48,6 +48,20 @@ def register(app: typer.Typer) -> None:
             help="boost the trees from this times logistic regression's log-odds, if that beats trees "
             "alone on validation (0: trees alone)",
         ),
+        folds: int = typer.Option(
+            4,
+            "--folds",
+            min=1,
+            help="time blocks the threshold is chosen on: validation plus FOLDS - 1 blocks of the training "
+            "period, each scored by a model that never saw it (1: validation only)",
+        ),
+        budget_confidence: float = typer.Option(
+            0.9,
+            "--budget-confidence",
+            min=0.5,
+            max=0.999,
+            help="the threshold keeps this one-sided upper confidence bound on false alarms in budget",
+        ),
         no_register: bool = typer.Option(False, "--no-register", help="skip MLflow logging and registration"),
         seed: int = typer.Option(0, "--seed", help="seed of subsampling and LightGBM: same seed, same model"),
     ) -> None:
@@ -68,6 +82,8 @@ def register(app: typer.Typer) -> None:
             censor_ms=option_ms(censor, "--censor"),
             clear_ms=option_ms(alert_clear, "--alert-clear"),
             prior_weight=prior_weight,
+            folds=folds,
+            budget_confidence=budget_confidence,
             seed=seed,
         )
         print_table(json.loads((out / "metrics.json").read_text()))

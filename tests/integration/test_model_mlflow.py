@@ -24,6 +24,7 @@ def test_champion_moves_only_when_the_new_model_wins(synthetic_cluster, mlflow_s
     # A weaker model on another feature set (its signal columns scrambled and renamed).
     weak = features.assign(**{c: rng.permutation(features[c].to_numpy()) for c in ("sbe_10m", "temp_drift")})
     weak = weak.rename(columns={"sbe_10m": "scrambled_sbe", "temp_drift": "scrambled_temp"})
+    weak.attrs["feature_set_hash"] = "scrambled-" + features.attrs["feature_set_hash"]  # its own identity
     assert champion_version(mlflow_server) is None
 
     first = train_from_dataset(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from foreshock.models.alerting import EvalRows
 
@@ -80,18 +81,77 @@ def test_missed_failure_and_no_alerts():
     assert m["median_lead_minutes"] is None
 
 
-def test_budget_threshold_is_the_lowest_within_budget():
-    rows = EvalRows(_frame(), MIN)
-    rng = np.random.default_rng(0)
-    score = rng.uniform(0, 0.5, len(rows.frame))
-    score[rows.label == 1] += 0.3  # failures rank higher, with overlap
-    for budget in (0.0, 10.0, 50.0, 200.0):
-        thr = rows.threshold_for_budget(score, budget)
-        assert rows.false_alarm_rate(score >= thr) <= budget
-        lower = np.max(score[score < thr]) if (score < thr).any() else None
-        if lower is not None and budget < 200:
-            assert rows.false_alarm_rate(score >= lower) > budget or thr == np.min(score)
-    assert rows.threshold_for_budget(score, 0.0) >= rows.threshold_for_budget(score, 200.0)
+def _cluster(spikes: dict[str, float], pocket: float | None = None, caught_at: float | None = None):
+    """Ten nodes x one day at one row a minute (10 node-days), scores 0 but for single-row
+    false-alarm spikes ``{node: peak}`` at minute 100. n0 fails at minute 1000 (rows 940..999
+    positive): ``caught_at`` scores its positive rows; ``pocket`` puts a spike at minute 915 that
+    merges into that true alert (25 quiet minutes) once the threshold is at ``caught_at`` or under."""
+    rows = []
+    for i in range(10):
+        node = f"n{i}"
+        for m in range(1440):
+            positive = node == "n0" and 940 <= m < 1000
+            rows.append((node, m * MIN, int(positive), 1000 * MIN if positive else pd.NA,
+                         "gpu" if positive else None, True if positive else None))
+    frame = pd.DataFrame(rows, columns=["node", "ts", "label", "failure_ts", "cause", "detectable"])
+    rows = EvalRows(frame, MIN, 30 * MIN)
+    f = rows.frame
+    score = np.zeros(len(f))
+    for node, peak in spikes.items():
+        score[((f["node"] == node) & (f["ts"] == 100 * MIN)).to_numpy()] = peak
+    if pocket is not None:
+        score[((f["node"] == "n0") & (f["ts"] == 915 * MIN)).to_numpy()] = pocket
+    if caught_at is not None:
+        score[rows.label == 1] = caught_at
+    return rows, score
+
+
+SPIKES = {"n1": 0.9, "n2": 0.8, "n3": 0.7, "n4": 0.6, "n5": 0.5}
+
+
+def test_poisson_upper_bound_is_garwoods():
+    from foreshock.models.alerting import most_within, poisson_upper_bound
+
+    # one-sided 95 % Garwood bounds for 0..3 events (chi-square quantiles / 2)
+    assert [round(poisson_upper_bound(k, 0.95), 3) for k in range(4)] == [2.996, 4.744, 6.296, 7.754]
+    assert poisson_upper_bound(0, 0.9) < poisson_upper_bound(0, 0.95)
+    assert 1000 < poisson_upper_bound(1000, 0.9) < 1000 + 3 * 1000**0.5
+    assert most_within(2.0, 0.9) == -1 and most_within(2.31, 0.9) == 0 and most_within(5.4, 0.9) == 2
+
+
+def test_budget_threshold_keeps_the_upper_bound_within_budget():
+    rows, score = _cluster(SPIKES)
+    assert rows.node_days == 10
+    # 600 per 1,000 node-days on 10 node-days affords a mean of 6: the 90 % bound of 2 alarms is 5.32,
+    # of 3 is 6.68. The point rate of 3 or 4 alarms would be within budget; their bound is not.
+    choice = rows.threshold_for_budget(score, 600.0, confidence=0.9)
+    assert (choice.threshold, choice.false_alarms, choice.certified) == (0.8, 2, True)
+    assert choice.upper_per_1000_node_days == pytest.approx(532.2, abs=0.1)
+    assert rows.episodes(score >= choice.threshold)[1] == 2
+    stricter = rows.threshold_for_budget(score, 600.0, confidence=0.95)  # 2 alarms: bound 6.30 > 6
+    assert (stricter.threshold, stricter.false_alarms) == (0.9, 1)
+
+
+def test_budget_threshold_does_not_step_into_a_pocket():
+    rows, score = _cluster(SPIKES, pocket=0.85, caught_at=0.62)
+    # At 0.62 the n0 spike merges into the true alert before n0's failure: 3 false alarms there,
+    # as many as at 0.8, and the failure is caught. Between them, 0.7 costs 4: a pocket.
+    counts = {thr: rows.episodes(score >= thr)[1] for thr in (0.9, 0.85, 0.8, 0.7, 0.62)}
+    assert counts == {0.9: 1, 0.85: 2, 0.8: 3, 0.7: 4, 0.62: 3}
+    choice = rows.threshold_for_budget(score, 700.0, confidence=0.9)  # affords 3 alarms (6.68 <= 7)
+    assert (choice.threshold, choice.false_alarms) == (0.8, 3)
+
+
+def test_too_few_node_days_to_certify_the_budget_keep_no_false_alarm():
+    rows, score = _cluster(SPIKES, caught_at=0.95)
+    choice = rows.threshold_for_budget(score, 100.0)  # even no alarm bounds the rate at 230
+    assert (choice.threshold, choice.false_alarms, choice.certified) == (0.95, 0, False)
+    assert choice.upper_per_1000_node_days == pytest.approx(230.3, abs=0.1)
+    rows, score = _cluster(SPIKES)  # the top score is a false alarm: nothing alerts
+    choice = rows.threshold_for_budget(score, 100.0)
+    assert choice.threshold > score.max() and choice.false_alarms == 0
+    with pytest.raises(ValueError, match="budget"):
+        rows.threshold_for_budget(score, -1.0)
 
 
 def test_recall_at_equal_false_alarm_rates_sets_the_threshold_on_the_rows_themselves():
@@ -102,6 +162,7 @@ def test_recall_at_equal_false_alarm_rates_sets_the_threshold_on_the_rows_themse
     assert at["0"] == {"caught": 0, "failures": 1, "recall": 0.0, "false_alarms_per_1000_node_days": 0.0,
                        "threshold": None}  # every threshold that alerts at all pays n1's false alarm
     assert at[f"{one:g}"]["caught"] == 1 and at[f"{one:g}"]["threshold"] == 0.8  # the highest that catches
+    assert type(at[f"{one:g}"]["threshold"]) is float  # plain floats: the model card travels as YAML
     assert at[f"{2 * one:g}"]["caught"] == 1
 
 

@@ -217,14 +217,33 @@ def test_model_beats_rules_and_warns_ahead(trained):
     assert model["median_lead_minutes_detectable"] >= 15
 
 
-def test_budget_threshold_holds_on_validation(trained):
-    _, _, metrics = trained
-    for predictor in ("model", "rules", "logistic"):
-        val = metrics[predictor]["by_split"]["val"]
-        assert (
-            val["false_alarms_per_1000_node_days"]
-            <= metrics["_info"]["budget_false_alarms_per_1000_node_days"]
-        )
+def test_thresholds_are_chosen_out_of_fold_and_spent_beside_the_budget(trained):
+    model, out, metrics = trained
+    info = metrics["_info"]
+    budget = info["budget_false_alarms_per_1000_node_days"]
+    selection = info["threshold_selection"]
+    folds = selection["folds"]
+    assert [f["scored_by"] for f in folds] == ["fold model"] * 3 + ["model"]
+    assert all(a["end_ms"] <= b["start_ms"] for a, b in zip(folds, folds[1:], strict=False))
+    for p in ("model", "rules", "logistic"):
+        chosen = selection[p]
+        assert chosen["threshold"] == metrics[p]["threshold"]
+        assert chosen["node_days"] == pytest.approx(sum(f["node_days"] for f in folds))
+        # the folds' alarms at the threshold add up to at most the most of any threshold above it
+        assert sum(f[p]["false_alarms"] for f in folds) <= chosen["false_alarms"]
+        assert chosen["certified"] == (chosen["false_alarms_upper_bound_per_1000_node_days"] <= budget)
+        for part in ("test", "val", "test_unseen_nodes"):
+            m = metrics[p] if part == "test" else metrics[p]["by_split"][part]
+            assert m["budget_false_alarms_per_1000_node_days"] == budget
+            assert m["budget_spent"] == pytest.approx(m["false_alarms_per_1000_node_days"] / budget)
+    # the validation fold is scored by the model itself: its alarms are the val part's
+    assert folds[-1]["model"]["false_alarms"] == metrics["model"]["by_split"]["val"]["false_alarms"]
+    # 72 node-days cannot bound a rate of 1 per 1,000 node-days: no out-of-fold false alarm allowed
+    assert selection["model"]["false_alarms"] == 0 and not selection["model"]["certified"]
+    assert model.threshold_source["kind"] == "train" and model.threshold_source["folds"] == 4
+    assert model.threshold_source["threshold"] == model.threshold
+    report = (out / "report.md").read_text()
+    assert "## False alarms against the budget" in report and "| 3 | model |" in report
 
 
 def test_saved_model_reloads_and_evaluates_another_seed(trained, synthetic_cluster_other, tmp_path):

@@ -1,0 +1,134 @@
+"""Out-of-fold scores for the budget threshold: the training history cut into time blocks, each
+scored by a model that never saw it.
+
+A budget of one false alarm per 1,000 node-days, judged on one validation period of about a
+thousand node-days, rests on one or two alarms: the threshold lands wherever that period's
+strongest harmless transient happened to fall, and spends several times its budget on new data.
+The budget threshold (:meth:`foreshock.models.alerting.EvalRows.threshold_for_budget`) needs
+more node-days scored out of sample, so the whole history before the test period serves:
+
+- the validation period is the last block, scored by the model itself;
+- the training period ``[start, val_start - H)`` is cut into ``folds - 1`` blocks of equal time,
+  and block k is scored by a *fold model*: the same recipe, with the choices the model made on
+  validation (prior weight, number of trees), fitted on the training and validation rows outside
+  ``[block start - H, block end + H)``. The purge gaps keep every failure a block's rows look
+  ahead to out of the fold model's labels, and every training label's failure out of the block.
+
+Each model's margin is Platt-calibrated on the block it scores, as the model's own is on
+validation, so thresholds on probabilities mean the same for all of them. A block's nodes are
+kept apart from the other blocks' (``<fold>/<node>``): no alert episode spans two blocks scored
+by two models. Blocks before the last are scored by models trained partly on later weeks; for a
+false-alarm rate that assumes only that healthy nodes behave alike across the history, and the
+test period and unseen datasets check it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from foreshock.models.alerting import EVAL_COLUMNS, BudgetChoice, EvalRows
+
+__all__ = ["FOLDS", "Fold", "ScoredFold", "time_folds", "fold_training_rows", "out_of_fold",
+           "choose_thresholds"]
+
+FOLDS = 4  # the validation period and three blocks of the training period
+
+Scores = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One time block ``[start_ms, end_ms)`` of seen nodes' rows and what scores it."""
+
+    index: int
+    start_ms: int
+    end_ms: int
+    scored_by: str  # "model" (the validation period) or "fold model"
+
+
+@dataclass
+class ScoredFold:
+    """A fold's rows (the columns :class:`EvalRows` reads) and every predictor's scores on them."""
+
+    fold: Fold
+    rows: EvalRows
+    scores: Scores
+
+    def summary(self, thresholds: dict[str, float]) -> dict:
+        """Per predictor, what the fold spends and catches at ``thresholds``."""
+        out: dict = {"index": self.fold.index, "start_ms": self.fold.start_ms, "end_ms": self.fold.end_ms,
+                     "scored_by": self.fold.scored_by, "node_days": self.rows.node_days,
+                     "failures": len(self.rows.failures)}
+        for p, thr in thresholds.items():
+            alert = self.scores[p] >= thr
+            out[p] = {"false_alarms": self.rows.episodes(alert)[1],
+                      "caught": int(self.rows.caught(alert).sum())}
+        return out
+
+
+def time_folds(train: pd.DataFrame, val: pd.DataFrame, folds: int = FOLDS) -> list[Fold]:
+    """``folds - 1`` equal time blocks over ``train``'s span, then ``val``'s span."""
+    if folds < 1:
+        raise ValueError(f"folds must be at least 1 (got {folds})")
+    start, stop = int(train["ts"].min()), int(train["ts"].max()) + 1
+    cuts = np.linspace(start, stop, folds).astype(np.int64)
+    spans = zip(cuts[:-1], cuts[1:], strict=True)
+    blocks = [Fold(i, int(lo), int(hi), "fold model") for i, (lo, hi) in enumerate(spans)]
+    return [*blocks, Fold(folds - 1, int(val["ts"].min()), int(val["ts"].max()) + 1, "model")]
+
+
+def fold_training_rows(history: pd.DataFrame, fold: Fold, horizon_ms: int) -> pd.DataFrame:
+    """``history``'s rows outside the fold and its purge gaps, ``[start - H, end + H)``."""
+    ts = history["ts"].to_numpy(dtype=np.int64)
+    return history.loc[(ts < fold.start_ms - horizon_ms) | (ts >= fold.end_ms + horizon_ms)]
+
+
+def out_of_fold(
+    train: pd.DataFrame,
+    val: pd.DataFrame,
+    val_scores: Scores,
+    fit_fold: Callable[[pd.DataFrame, pd.DataFrame], Scores],
+    *,
+    horizon_ms: int,
+    cadence_ms: int,
+    clear_ms: int,
+    folds: int = FOLDS,
+) -> list[ScoredFold]:
+    """Every fold's rows with every predictor's out-of-fold scores.
+
+    ``val_scores`` are the model's and the baselines' scores on ``val`` (in its row order);
+    ``fit_fold(training_rows, block_rows)`` fits the fold models and returns their scores on
+    ``block_rows`` (in its row order)."""
+    plan = time_folds(train, val, folds)
+    history = pd.concat([train, val]) if folds > 1 else val
+    out: list[ScoredFold] = []
+    for fold in plan:
+        if fold.scored_by == "model":
+            block, scores = val, val_scores
+        else:
+            ts = train["ts"].to_numpy(dtype=np.int64)
+            block = train.loc[(ts >= fold.start_ms) & (ts < fold.end_ms)]
+            scores = fit_fold(fold_training_rows(history, fold, horizon_ms), block)
+        kept = block[[c for c in EVAL_COLUMNS if c in block]].assign(
+            node=f"{fold.index}/" + block["node"].astype(str), **{f"_score_{p}": s for p, s in scores.items()}
+        )
+        rows = EvalRows(kept, cadence_ms, clear_ms)
+        out.append(ScoredFold(fold, rows, {p: rows.frame[f"_score_{p}"].to_numpy() for p in scores}))
+    return out
+
+
+def choose_thresholds(
+    scored: list[ScoredFold], budget_per_1000_node_days: float, confidence: float
+) -> dict[str, BudgetChoice]:
+    """Each predictor's budget threshold on the folds pooled."""
+    pool = EvalRows(pd.concat([f.rows.frame for f in scored], ignore_index=True), scored[0].rows.cadence_ms,
+                    scored[0].rows.clear_ms)
+    return {
+        p: pool.threshold_for_budget(pool.frame[f"_score_{p}"].to_numpy(), budget_per_1000_node_days,
+                                     confidence)
+        for p in scored[0].scores
+    }

@@ -1,0 +1,90 @@
+"""Time-blocked folds for the budget threshold: what each fold model trains on, what it scores,
+and how the folds pool."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from foreshock.models.alerting import EvalRows
+from foreshock.models.folds import choose_thresholds, fold_training_rows, out_of_fold, time_folds
+
+MIN = 60_000
+H = 60 * MIN
+
+
+def _rows(nodes: int, start_min: int, minutes: int) -> pd.DataFrame:
+    """Unlabelled rows of ``nodes`` nodes, one a minute from ``start_min``."""
+    ts = (start_min + np.arange(minutes)) * MIN
+    return pd.DataFrame({
+        "node": np.repeat([f"n{i}" for i in range(nodes)], minutes),
+        "ts": np.tile(ts, nodes),
+        "label": np.zeros(nodes * minutes, dtype=np.int8),
+        "failure_ts": pd.array([pd.NA] * (nodes * minutes), dtype="Int64"),
+        "cause": None,
+        "detectable": None,
+    })
+
+
+TRAIN = _rows(3, 0, 3000)  # minutes 0..2999
+VAL = _rows(3, 3060, 1000)  # a purge gap of H, then minutes 3060..4059
+
+
+def test_time_folds_cut_the_training_period_and_end_with_validation():
+    folds = time_folds(TRAIN, VAL, 4)
+    assert [f.index for f in folds] == [0, 1, 2, 3]
+    assert [f.scored_by for f in folds] == ["fold model"] * 3 + ["model"]
+    assert folds[0].start_ms == 0 and folds[2].end_ms == 3000 * MIN - MIN + 1
+    assert all(a.end_ms == b.start_ms for a, b in zip(folds[:2], folds[1:3], strict=True))
+    assert (folds[3].start_ms, folds[3].end_ms) == (3060 * MIN, 4059 * MIN + 1)
+    assert [f.scored_by for f in time_folds(TRAIN, VAL, 1)] == ["model"]
+    with pytest.raises(ValueError, match="folds"):
+        time_folds(TRAIN, VAL, 0)
+
+
+def test_a_fold_model_never_trains_on_its_block_or_the_horizon_either_side():
+    history = pd.concat([TRAIN, VAL])
+    fold = time_folds(TRAIN, VAL, 4)[1]
+    kept = fold_training_rows(history, fold, H)["ts"]
+    assert ((kept < fold.start_ms - H) | (kept >= fold.end_ms + H)).all()
+    gap = history["ts"][(history["ts"] >= fold.start_ms - H) & (history["ts"] < fold.end_ms + H)]
+    assert len(kept) + len(gap) == len(history) and len(gap) > 0
+
+
+def test_out_of_fold_scores_each_block_once_with_its_own_model_and_keeps_blocks_apart():
+    seen: list[tuple[pd.DataFrame, pd.DataFrame]] = []
+
+    def fit_fold(train: pd.DataFrame, block: pd.DataFrame) -> dict[str, np.ndarray]:
+        seen.append((train, block))
+        ts = block["ts"].to_numpy(dtype=float)
+        return {"model": ts, "rules": -ts}  # a score that names its row
+
+    val_scores = {"model": VAL["ts"].to_numpy(dtype=float), "rules": -VAL["ts"].to_numpy(dtype=float)}
+    scored = out_of_fold(TRAIN, VAL, val_scores, fit_fold, horizon_ms=H, cadence_ms=MIN, clear_ms=30 * MIN,
+                         folds=4)
+    assert len(seen) == 3 and [s.fold.scored_by for s in scored][-1] == "model"
+    for (train, block), fold in zip(seen, scored, strict=False):
+        lo, hi = block["ts"].min(), block["ts"].max()
+        assert not train["ts"].between(lo - H, hi + H - 1).any()  # neither the block nor its purge gaps
+        assert len(block) == len(fold.rows.frame)
+    assert sum(len(s.rows.frame) for s in scored) == len(TRAIN) + len(VAL)  # every row scored once
+    for s in scored:
+        frame = s.rows.frame
+        assert frame["node"].str.startswith(f"{s.fold.index}/").all()
+        assert np.array_equal(s.scores["model"], frame["ts"].to_numpy(dtype=float))  # scores follow rows
+
+
+def test_pooled_folds_keep_an_episode_from_spanning_two_blocks():
+    """A node alerting on both sides of a block boundary raises two false alarms: the blocks are
+    scored by different models, and the pool never joins their rows."""
+    def fit_fold(train, block):
+        return {"model": np.ones(len(block))}  # every row of every fold alerts
+
+    scored = out_of_fold(TRAIN, VAL, {"model": np.ones(len(VAL))}, fit_fold, horizon_ms=H, cadence_ms=MIN,
+                         clear_ms=30 * MIN, folds=4)
+    choice = choose_thresholds(scored, budget_per_1000_node_days=1e6, confidence=0.9)["model"]
+    assert choice.false_alarms == 4 * 3  # one episode per node and fold
+    assert choice.node_days == pytest.approx((len(TRAIN) + len(VAL)) / 1440)
+    single = EvalRows(pd.concat([TRAIN, VAL]), MIN, 30 * MIN)
+    assert single.episodes(np.ones(len(single.frame), dtype=bool))[1] == 2 * 3  # joined: only the val gap
