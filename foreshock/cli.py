@@ -13,7 +13,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES = ("collect", "simulate", "features", "train", "serve", "goodput", "mitigate", "demo")
+COMMAND_MODULES = (
+    "collect", "simulate", "features", "train", "calibrate", "serve", "goodput", "mitigate", "demo"
+)
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"foreshock.commands.{_name}").register(app)

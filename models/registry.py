@@ -6,6 +6,9 @@ JSON as the flavour's ``metadata``). The model is registered as ``foreshock-risk
 ``champion`` moves to the new version only when it beats the current champion on the *new* run's
 test split (both scored on the same rows), so a model trained on easier data cannot win on a
 number measured elsewhere. The predictor polls :func:`champion_version` to reload when it moves.
+``foreshock calibrate`` registers the same booster again with a threshold set on another
+cluster's telemetry (:func:`register_calibrated`); every version is tagged with its threshold and
+where it came from (``threshold``, ``threshold_source`` and ``threshold_*``).
 
 The tracking URI is always passed in. For a ``sqlite:///…/mlflow.db`` store, artifacts go to an
 ``mlartifacts`` folder beside the database file (never to the process's working directory).
@@ -30,6 +33,7 @@ __all__ = [
     "EXPERIMENT",
     "Registration",
     "log_and_register",
+    "register_calibrated",
     "load_champion",
     "champion_version",
     "download_registered",
@@ -128,23 +132,10 @@ def log_and_register(
     feature-set hash matches; otherwise it cannot read these rows and its recorded
     test PR-AUC (``metrics["model"]["pr_auc"]``) stands in. No champion yet: the new model takes the alias.
     """
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_registry_uri(tracking_uri)
     client = _client(tracking_uri)
-    experiment_id = _experiment_id(client, tracking_uri)
     challenger = float(score_on_test(model))
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name) as run:
-        identity = {"dataset_fingerprint": dataset_fingerprint, "feature_set_hash": model.feature_set_hash}
-        mlflow.log_params({**params, **identity})
-        mlflow.set_tags(identity)
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and v == v})
-        info = mlflow.lightgbm.log_model(
-            model.booster,
-            name="model",
-            metadata=model.metadata(),
-            pip_requirements=[f"lightgbm=={_lightgbm_version()}"],
-        )
-        mv = mlflow.register_model(info.model_uri, MODEL_NAME, await_registration_for=0)
+    identity = {"dataset_fingerprint": dataset_fingerprint, "feature_set_hash": model.feature_set_hash}
+    run_id, version = _log_version(model, tracking_uri, run_name, {**params, **identity}, metrics, identity)
     previous = champion_version(tracking_uri)
     champion_score: float | None = None
     if previous is not None:
@@ -155,9 +146,72 @@ def log_and_register(
             champion_score = float(current.metrics.get("model", {}).get("pr_auc") or 0.0)
     promoted = previous is None or challenger > champion_score
     if promoted:
-        client.set_registered_model_alias(MODEL_NAME, CHAMPION_ALIAS, str(mv.version))
-    client.set_model_version_tag(MODEL_NAME, str(mv.version), "test_pr_auc", f"{challenger:.6f}")
-    return Registration(run.info.run_id, str(mv.version), promoted, challenger, champion_score, previous)
+        client.set_registered_model_alias(MODEL_NAME, CHAMPION_ALIAS, version)
+    _tag_version(client, version, {"test_pr_auc": f"{challenger:.6f}", **_threshold_tags(model)})
+    return Registration(run_id, version, promoted, challenger, champion_score, previous)
+
+
+def register_calibrated(model: RiskModel, *, tracking_uri: str, alias: str | None = None) -> str:
+    """Register ``model`` (its threshold set by :func:`foreshock.models.calibrate.calibrate`) as a
+    new version of the same booster, tagged with the threshold and where it came from; move
+    ``alias`` to it when given (a service following ``models:/foreshock-risk@<alias>`` reloads it).
+    No duel: a calibration changes what the model spends on one cluster, not how it ranks.
+    Returns the version number."""
+    source = model.threshold_source
+    if source.get("kind") != "calibrate":
+        raise ValueError("register_calibrated takes a model whose threshold foreshock calibrate set")
+    identity = {"dataset_fingerprint": source["dataset_fingerprint"],
+                "feature_set_hash": model.feature_set_hash}
+    params = {f"calibration_{k}": v for k, v in source.items()}
+    _, version = _log_version(model, tracking_uri, "calibrate", {**params, **identity}, {}, identity)
+    client = _client(tracking_uri)
+    _tag_version(client, version, _threshold_tags(model))
+    if alias:
+        client.set_registered_model_alias(MODEL_NAME, alias, version)
+    return version
+
+
+def _threshold_tags(model: RiskModel) -> dict[str, str]:
+    """A version's record of its threshold and where it came from (``threshold_source``)."""
+    source = model.threshold_source
+    tags = {"threshold": f"{model.threshold:.6g}", "threshold_source": str(source.get("kind", "unknown"))}
+    for key in ("budget_false_alarms_per_1000_node_days", "confidence", "node_days", "false_alarms",
+                "certified", "dataset", "dataset_fingerprint", "labelled", "from_version"):
+        if key in source:
+            tags[f"threshold_{key}"] = str(source[key])
+    return tags
+
+
+def _log_version(
+    model: RiskModel,
+    tracking_uri: str,
+    run_name: str | None,
+    params: dict[str, Any],
+    metrics: dict[str, float],
+    tags: dict[str, str],
+) -> tuple[str, str]:
+    """One MLflow run that logs ``model`` (LightGBM text, its JSON as the flavour's metadata) and
+    registers it as a new version of :data:`MODEL_NAME`; returns (run id, version)."""
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
+    experiment_id = _experiment_id(_client(tracking_uri), tracking_uri)
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name) as run:
+        mlflow.log_params(params)
+        mlflow.set_tags(tags)
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and v == v})
+        info = mlflow.lightgbm.log_model(
+            model.booster,
+            name="model",
+            metadata=model.metadata(),
+            pip_requirements=[f"lightgbm=={_lightgbm_version()}"],
+        )
+        mv = mlflow.register_model(info.model_uri, MODEL_NAME, await_registration_for=0)
+    return run.info.run_id, str(mv.version)
+
+
+def _tag_version(client: MlflowClient, version: str, tags: dict[str, str]) -> None:
+    for key, value in tags.items():
+        client.set_model_version_tag(MODEL_NAME, version, key, value)
 
 
 def log_artifacts(tracking_uri: str, run_id: str, paths: list[Path]) -> None:

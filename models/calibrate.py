@@ -1,0 +1,81 @@
+"""Per-cluster threshold calibration: the budget threshold set on a new cluster's own telemetry,
+without retraining (``foreshock calibrate``).
+
+Not the probability's calibration (the Platt map stays as trained): a model trained on one
+cluster meets other workloads, other counter backgrounds and other harmless transients on
+another, and its threshold spends its false-alarm budget differently there. The operator scores
+the new cluster's recent telemetry with the model and sets the threshold by the rule training
+uses (:meth:`foreshock.models.alerting.EvalRows.threshold_for_budget`: the lowest threshold at
+and above which an upper confidence bound on false-alarm episodes stays within the budget):
+
+- **unlabelled** telemetry (no failure recorded in its node events, or ``use_labels=False``):
+  every alert episode counts as a false alarm. That over-counts (a true alert is spent as if
+  false), so the threshold can only be stricter than labels would make it;
+- **labelled** telemetry (its node events record failures): episodes that reach a failure within
+  the horizon are true alerts and are not counted.
+
+Only thresholds move: the model's, and the baselines' (so ``foreshock evaluate`` still compares
+like with like). The model records where its threshold came from (``threshold_source``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from foreshock.models.alerting import BUDGET_CONFIDENCE, BudgetChoice, EvalRows
+from foreshock.models.artifact import RiskModel
+from foreshock.models.evaluate import PREDICTORS, clear_ms_of, scores_of
+from foreshock.models.frame import LabelledData
+
+__all__ = ["Calibration", "calibrate"]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The recalibrated model, what its ``threshold_source`` records, and each predictor's choice."""
+
+    model: RiskModel
+    source: dict[str, Any]
+    choices: dict[str, BudgetChoice]
+
+
+def calibrate(
+    model: RiskModel,
+    data: LabelledData,
+    budget_per_1000_node_days: float,
+    *,
+    confidence: float = BUDGET_CONFIDENCE,
+    use_labels: bool = True,
+    dataset: str = "",
+) -> Calibration:
+    """Set ``model``'s and its baselines' thresholds for the budget on ``data``'s rows (named
+    ``dataset`` in the record). Raises ``ValueError`` when ``data`` was computed with another
+    feature set than the model's."""
+    if data.feature_set_hash != model.feature_set_hash:
+        raise ValueError(f"model was trained on feature set {model.feature_set_hash}, "
+                         f"the calibration data has {data.feature_set_hash}")
+    frame = data.frame
+    labelled = use_labels and bool(frame["label"].any())
+    if not labelled:
+        frame = frame.assign(label=np.zeros(len(frame), dtype=np.int8))
+    rows = EvalRows(frame, data.cadence_ms, clear_ms_of(model))
+    scores = scores_of(model, rows.frame)
+    choices = {
+        p: rows.threshold_for_budget(scores[p], budget_per_1000_node_days, confidence) for p in PREDICTORS
+    }
+    baselines = {name: {**model.baselines[name], "threshold": choices[name].threshold}
+                 for name in ("rules", "logistic")}
+    source = {
+        "kind": "calibrate",
+        "labelled": labelled,
+        "failures_excluded": len(rows.failures),
+        "dataset": dataset,
+        "dataset_fingerprint": data.fingerprint,
+        "from_version": model.version,
+        "previous_threshold": model.threshold,
+        **choices["model"].to_json(),
+    }
+    return Calibration(model.with_threshold(choices["model"].threshold, baselines, source), source, choices)

@@ -1,0 +1,80 @@
+"""Per-cluster threshold calibration on a cluster the model never saw (no MLflow here)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from foreshock.models.alerting import EvalRows, poisson_upper_bound
+from foreshock.models.artifact import RiskModel
+from foreshock.models.calibrate import calibrate
+from foreshock.models.evaluate import budget_of, clear_ms_of, evaluate
+from foreshock.models.frame import build_labelled
+from foreshock.models.train import train_from_dataset
+
+BUDGET = 100.0  # per 1,000 node-days: the other cluster's 32 node-days afford a few alarms
+
+
+@pytest.fixture(scope="module")
+def model(synthetic_cluster, tmp_path_factory) -> RiskModel:
+    out = tmp_path_factory.mktemp("calibrate-train")
+    return train_from_dataset(synthetic_cluster.data_dir, out, features=synthetic_cluster.features,
+                              register=False)
+
+
+@pytest.fixture(scope="module")
+def other(synthetic_cluster_other):
+    cluster = synthetic_cluster_other
+    return build_labelled(cluster.data_dir, 3_600_000, features=cluster.features)
+
+
+def test_unlabelled_calibration_counts_every_alert_and_keeps_its_bound_in_budget(model, other):
+    result = calibrate(model, other, BUDGET, use_labels=False, dataset="other")
+    new = result.model
+    unlabelled = EvalRows(other.frame.assign(label=0), other.cadence_ms, clear_ms_of(model))
+    episodes = unlabelled.episodes(new.predict_proba(unlabelled.frame) >= new.threshold)[0]
+    choice = result.choices["model"]
+    assert episodes <= choice.false_alarms and choice.certified
+    assert poisson_upper_bound(choice.false_alarms, 0.9) / unlabelled.node_days * 1000 <= BUDGET
+    assert result.source == new.threshold_source
+    assert new.threshold_source["kind"] == "calibrate" and not new.threshold_source["labelled"]
+    assert new.threshold_source["failures_excluded"] == 0
+    assert new.threshold_source["previous_threshold"] == model.threshold
+    assert new.threshold_source["dataset"] == "other" and budget_of(new) == BUDGET
+
+
+def test_labels_exclude_the_true_alerts_so_the_threshold_can_only_fall(model, other):
+    labelled = calibrate(model, other, BUDGET).model
+    unlabelled = calibrate(model, other, BUDGET, use_labels=False).model
+    assert labelled.threshold_source["labelled"] and labelled.threshold_source["failures_excluded"] > 0
+    assert labelled.threshold <= unlabelled.threshold
+    rows = EvalRows(other.frame, other.cadence_ms, clear_ms_of(model))
+    caught = [rows.at_threshold(m.predict_proba(rows.frame), m.threshold)["caught"]
+              for m in (labelled, unlabelled)]
+    assert caught[0] >= caught[1]
+
+
+def test_only_thresholds_move_and_the_record_travels_with_the_saved_model(
+    model, other, synthetic_cluster_other, tmp_path
+):
+    new = calibrate(model, other, BUDGET).model
+    frame = other.frame.head(300)
+    assert np.array_equal(new.predict_proba(frame), model.predict_proba(frame))
+    assert new.baselines["logistic"]["coef"] == model.baselines["logistic"]["coef"]
+    assert {new.baselines[b]["threshold"] for b in ("rules", "logistic")} != {
+        model.baselines[b]["threshold"] for b in ("rules", "logistic")}
+    loaded = RiskModel.load(new.save(tmp_path / "model"))
+    assert loaded.threshold == new.threshold and loaded.threshold_source == new.threshold_source
+    metrics = evaluate(loaded, [synthetic_cluster_other.data_dir], tmp_path / "eval", data=[other])
+    assert metrics["model"]["threshold"] == new.threshold
+    assert metrics["model"]["budget_false_alarms_per_1000_node_days"] == BUDGET
+    assert metrics["_info"]["threshold_source"]["kind"] == "calibrate"
+    assert "`foreshock calibrate`" in (tmp_path / "eval" / "report.md").read_text()
+
+
+def test_calibration_refuses_data_of_another_feature_set(model, synthetic_cluster_other):
+    features = synthetic_cluster_other.features.rename(columns={"noise_0": "noise_x"})
+    features.attrs["feature_set_hash"] = "another-set"
+    data = build_labelled(synthetic_cluster_other.data_dir, 3_600_000, features=features)
+    with pytest.raises(ValueError, match="feature set"):
+        calibrate(model, data, BUDGET)
