@@ -266,13 +266,15 @@ class RiskScore(_Record):
 
 
 class MitigationEvent(_Record):
-    """One step of one mitigation action, for the audit trail. ``action_id`` makes it idempotent."""
+    """One step of one mitigation action, for the audit trail. ``action_id`` makes it idempotent.
+
+    ``fault`` / ``observed`` records a node's failure the mitigator counted (for its burn-in)."""
 
     action_id: str
-    action: Literal["checkpoint", "drain", "undrain", "migrate", "pin", "unpin", "breaker", "record"]
+    action: Literal["checkpoint", "drain", "undrain", "migrate", "pin", "unpin", "breaker", "record", "fault"]
     status: Literal[
         "planned", "started", "succeeded", "failed", "skipped",
-        "partial", "abandoned", "blocked", "rejected", "tripped", "reset",
+        "partial", "abandoned", "blocked", "rejected", "tripped", "reset", "observed",
     ]
     job: str | None = None
     reason: str = ""

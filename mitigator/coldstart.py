@@ -2,15 +2,17 @@
 
 A restart must not forget what the mitigator promised: which nodes it drained (so a ``repaired``
 event for one still returns it to service), how many drains fall in the breaker's window, whether
-the breaker is open, which actions a crash cut off. NVIDIA NVSentinel's fault-quarantine module
-recovers the same way at start-up. Two sources:
+the breaker is open, which actions a crash cut off, which nodes are in burn-in since when, and the
+failures each node had (:mod:`foreshock.mitigator.burnin`). NVIDIA NVSentinel's fault-quarantine
+module recovers the same way at start-up. Two sources:
 
 * **the audit log** (the mitigator's own record; in ``--dry-run`` its dry-run rows, so a dry run
   restarts into the state it would have had): each node's view follows from its actions' rows in
   order, the window holds the drains planned within it (by the mitigator's clock), the breaker is
-  open when its last row is ``tripped``. An action whose last row says it had not ended is closed
-  as ``abandoned`` and queued again under the same id, so the executor drives it to its end — a
-  drain is idempotent, and a hook acts on a command id once;
+  open when its last row is ``tripped``, a node's failures are its ``fault`` rows and its drains, a
+  burn-in runs from its drain's ``planned`` row. An action whose last row says it had not ended is
+  closed as ``abandoned`` and queued again under the same id, so the executor drives it to its end —
+  a drain is idempotent, and a hook acts on a command id once;
 * **the scheduler's actual state**, compared with that by the rules of
   :mod:`foreshock.mitigator.reconcile` (which the running service applies again on a period): a node
   out of service with Foreshock's mark is drained whatever the log says (a log lost or replaced),
@@ -26,10 +28,11 @@ from dataclasses import dataclass, replace
 import msgspec
 
 from foreshock.ingest.contract import MitigationEvent
+from foreshock.mitigator import burnin
 from foreshock.mitigator.audit import AuditLog, is_open
 from foreshock.mitigator.lifecycle import NodeState
-from foreshock.mitigator.plan import Action, NodeView, count_states
-from foreshock.mitigator.reconcile import compare
+from foreshock.mitigator.plan import Action, NodeView, count_states, trigger_of
+from foreshock.mitigator.reconcile import OBSERVED, compare
 from foreshock.mitigator.schedulers import SchedulerAdapter, SchedulerError
 
 __all__ = ["ColdStart", "rebuild"]
@@ -76,7 +79,7 @@ def rebuild(
         last[e.action_id] = e
         if e.status == "planned":
             planned[e.action_id] = e
-            if e.action == "drain" and e.ts > now_ms - window_ms:
+            if e.action == "drain" and e.ts > now_ms - window_ms and not burnin.is_burn_in(e.action_id):
                 drains.append(e.ts)
         views[e.node] = _apply(views.get(e.node, NodeView()), e, dry_run)
     resumed = []
@@ -100,10 +103,22 @@ def _apply(view: NodeView, e: MitigationEvent, dry_run: bool) -> NodeView:
     """A node's view after one audit row (only the rows that change what the node is)."""
     done = e.status == "succeeded" or (dry_run and e.status == "skipped" and "dry run" in e.reason)
     final_failure = e.status == "failed" and not is_open(e)
+    if e.action == "fault":
+        return burnin.after_fault(view, e.ts) or view
+    if e.action == "drain" and burnin.is_burn_in(e.action_id):
+        fault = trigger_of(e.action_id)
+        if e.status == "planned" and not (view.state is NodeState.BURN_IN and view.burned == fault):
+            return burnin.started(view, e.ts, fault)
+        if final_failure and e.reason.startswith("permanent"):
+            return replace(view, unmanageable=True)
+        return view
     if e.action in ("drain", "migrate") and e.status == "planned":
         return replace(view, state=NodeState.MITIGATING, draining=True)
     if e.action == "drain" and done:
-        return replace(view, state=NodeState.DRAINED, draining=True)
+        drained = replace(view, state=NodeState.DRAINED, draining=True)
+        if e.reason.startswith(OBSERVED):  # found drained: no failure this mitigator saw
+            return drained
+        return burnin.with_fault(drained, trigger_of(e.action_id))
     if e.action in ("drain", "migrate") and final_failure:
         return replace(view, state=NodeState.WATCH, draining=False,
                        unmanageable=view.unmanageable or e.reason.startswith("permanent"))
@@ -111,9 +126,9 @@ def _apply(view: NodeView, e: MitigationEvent, dry_run: bool) -> NodeView:
     if held_back and view.state in (NodeState.HEALTHY, NodeState.WATCH):  # mitigating, without a drain
         return replace(view, state=NodeState.MITIGATING, draining=False)
     if e.action == "undrain" and e.status == "planned":
-        return replace(view, state=NodeState.REPAIRED, draining=False)
+        return replace(view, state=NodeState.REPAIRED, draining=False, burn_in_since=0)
     if e.action == "undrain" and done:
-        return replace(view, state=NodeState.HEALTHY, draining=False)
+        return replace(view, state=NodeState.HEALTHY, draining=False, burn_in_since=0)
     if e.action in ("pin", "unpin") and done:
         return replace(view, pinned=e.action == "pin")
     return view

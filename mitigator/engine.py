@@ -13,6 +13,11 @@ after its receipt, or older than ``horizon_ms`` at receipt, is rejected — retu
 or blind the engine to later records of its node. The breaker latches: the first drain it refuses
 opens it, and it stays open (across restarts, see :mod:`foreshock.mitigator.coldstart`) until
 :meth:`reset_breaker`, as NVIDIA NVSentinel's does.
+
+Node events feed the burn-in (:mod:`foreshock.mitigator.burnin`): :meth:`fault` counts a failure,
+:meth:`returned` decides at a return whether the node goes into burn-in, :meth:`burn_ins_due` and
+:meth:`pass_burn_in` end it, :meth:`clear_burn_in` is an operator's clear. Burn-in drains do not
+count in the breaker's window or against the drain cap: they follow failures, not predictions.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from types import MappingProxyType
 
 from foreshock.ingest.contract import RiskScore
 from foreshock.ingest.stream import now_ms
+from foreshock.mitigator import burnin
 from foreshock.mitigator.jobs import JobSource, StaticJobs
 from foreshock.mitigator.lifecycle import NodeState, check_transition
-from foreshock.mitigator.plan import Action, NodeView, Plan, action_id
+from foreshock.mitigator.plan import Action, NodeView, Plan, action_id, trigger_of
 from foreshock.mitigator.policy import ExpectedLossPolicy, Policy, PolicyConfig, PolicyContext, free_spares
 
 __all__ = ["MitigationEngine"]
@@ -139,10 +145,35 @@ class MitigationEngine:
     def _fleet(self, node: str | None) -> int:
         return self.fleet_size or max(len(self.views) + (node is not None and node not in self.views), 1)
 
-    def repaired(self, node: str, ts: int) -> Plan:
-        """The node was repaired: undrain it (only a drained node can be repaired)."""
+    def fault(self, node: str, ts: int) -> bool:
+        """A ``failed``/``down`` event at ``ts``: whether it is a new failure (then taken into the
+        node's history; a node in burn-in goes to *drained*). Record it before calling this."""
         current = self.views.get(node, NodeView())
-        if current.state is not NodeState.DRAINED:
+        view = burnin.after_fault(current, ts)
+        if view is None:
+            return False
+        self._set(node, current, view)
+        return True
+
+    def is_new_fault(self, node: str, ts: int) -> bool:
+        """Whether :meth:`fault` would count a failure at ``ts`` (so it can be recorded first)."""
+        return burnin.after_fault(self.views.get(node, NodeView()), ts) is not None
+
+    def returned(self, node: str, ts: int, event: str = "repaired") -> Plan:
+        """The node is back in service (``repaired`` or ``up``): into burn-in when its failures call
+        for one (:func:`foreshock.mitigator.burnin.due`), else a node Foreshock drained is undrained
+        on ``repaired``."""
+        current = self.views.get(node, NodeView())
+        rule = self.config.burn_in
+        if rule is not None and burnin.due(current, rule):
+            fault = current.faults[-1]
+            self._release(node)
+            drain = Action(burnin.burn_in_id("drain", node, fault), "drain", node, None,
+                           burnin.reason(current, rule))
+            plan = Plan(node, burnin.started(current, self.clock(), fault), (drain,))
+            self._accept(plan, current)
+            return plan
+        if event != "repaired" or current.state is not NodeState.DRAINED:
             return Plan(node, current)
         self._release(node)
         view = replace(current, state=NodeState.REPAIRED, hot=0, cool=0, draining=False)
@@ -155,6 +186,33 @@ class MitigationEngine:
                 ),
             ),
         )
+        self._accept(plan, current)
+        return plan
+
+    def burn_ins_due(self) -> list[str]:
+        """Nodes whose burn-in has lasted its length without a fault (all of them without a rule)."""
+        length_ms = self.config.burn_in.length_s * 1000 if self.config.burn_in is not None else 0
+        now = self.clock()
+        return sorted(n for n, v in self.views.items()
+                      if v.state is NodeState.BURN_IN and v.burn_in_since + length_ms <= now)
+
+    def pass_burn_in(self, node: str) -> Plan:
+        """End a burn-in that lasted its length: undrain the node (healthy once that holds)."""
+        current = self.views[node]
+        hours = (self.clock() - current.burn_in_since) / 3_600_000
+        return self._end_burn_in(node, burnin.burn_in_id("undrain", node, current.burn_in_since),
+                                 f"foreshock: burn-in passed: {hours:.3g} h back without a fault")
+
+    def clear_burn_in(self, node: str, ts: int, reason: str) -> Plan | None:
+        """An operator's clear of ``node``'s burn-in (None when it is in none): undrain it now."""
+        if self.state(node) is not NodeState.BURN_IN:
+            return None
+        return self._end_burn_in(node, burnin.burn_in_id("undrain", node, ts), f"{reason}: burn-in cleared")
+
+    def _end_burn_in(self, node: str, aid: str, why: str) -> Plan:
+        current = self.views[node]
+        view = replace(current, state=NodeState.REPAIRED, burn_in_since=0)
+        plan = Plan(node, view, (Action(aid, "undrain", node, None, why),))
         self._accept(plan, current)
         return plan
 
@@ -191,7 +249,10 @@ class MitigationEngine:
             self.views[action.node] = view
         if action.kind == "drain" and view.state is NodeState.MITIGATING:
             new = NodeState.DRAINED if succeeded else NodeState.WATCH
-            self._set(action.node, view, replace(view, state=new, draining=succeeded, hot=0))
+            drained = replace(view, state=new, draining=succeeded, hot=0)
+            if succeeded:  # a predicted failure, dated by the record that triggered it
+                drained = burnin.with_fault(drained, trigger_of(action.action_id))
+            self._set(action.node, view, drained)
             if not succeeded:
                 self._release(action.node)
         elif action.kind == "migrate" and not succeeded:

@@ -2,12 +2,15 @@
 
 ``healthy → watch → mitigating → drained → repaired → healthy`` with the back-edges that
 hysteresis needs (``watch → healthy`` when the risk clears, ``mitigating → watch`` when a
-checkpoint-only mitigation is over or an action failed). Any other move is a bug in a policy and
-raises :class:`IllegalTransition` instead of silently corrupting the state.
+checkpoint-only mitigation is over or an action failed), and the burn-in
+(:mod:`foreshock.mitigator.burnin`): a node back from a repeat failure goes to ``burn_in`` instead of
+service, from there to ``repaired`` once it passes (or an operator clears it), or back to
+``drained`` when it faults again. Any other move is a bug in a policy and raises
+:class:`IllegalTransition` instead of silently corrupting the state.
 
 :data:`OBSERVED_TRANSITIONS` are the few more moves that only the scheduler's observed state may
-force (see :mod:`foreshock.mitigator.reconcile`): a drained node returned to service by hand, a node
-found drained with Foreshock's mark.
+force (see :mod:`foreshock.mitigator.reconcile`): a drained (or burning-in) node returned to service
+by hand, a node found drained with Foreshock's mark.
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ class NodeState(StrEnum):
     MITIGATING = "mitigating"
     DRAINED = "drained"
     REPAIRED = "repaired"
+    BURN_IN = "burn_in"
 
 
 TRANSITIONS: Final[dict[NodeState, frozenset[NodeState]]] = {
-    NodeState.HEALTHY: frozenset({NodeState.WATCH}),
-    NodeState.WATCH: frozenset({NodeState.HEALTHY, NodeState.MITIGATING}),
-    NodeState.MITIGATING: frozenset({NodeState.DRAINED, NodeState.WATCH}),
-    NodeState.DRAINED: frozenset({NodeState.REPAIRED}),
-    NodeState.REPAIRED: frozenset({NodeState.HEALTHY, NodeState.WATCH}),
+    NodeState.HEALTHY: frozenset({NodeState.WATCH, NodeState.BURN_IN}),
+    NodeState.WATCH: frozenset({NodeState.HEALTHY, NodeState.MITIGATING, NodeState.BURN_IN}),
+    NodeState.MITIGATING: frozenset({NodeState.DRAINED, NodeState.WATCH, NodeState.BURN_IN}),
+    NodeState.DRAINED: frozenset({NodeState.REPAIRED, NodeState.BURN_IN}),
+    NodeState.REPAIRED: frozenset({NodeState.HEALTHY, NodeState.WATCH, NodeState.BURN_IN}),
+    NodeState.BURN_IN: frozenset({NodeState.REPAIRED, NodeState.DRAINED}),
 }
 
 OBSERVED_TRANSITIONS: Final[dict[NodeState, frozenset[NodeState]]] = {
@@ -40,6 +45,7 @@ OBSERVED_TRANSITIONS: Final[dict[NodeState, frozenset[NodeState]]] = {
     NodeState.MITIGATING: frozenset({NodeState.DRAINED}),
     NodeState.DRAINED: frozenset({NodeState.HEALTHY}),
     NodeState.REPAIRED: frozenset(),
+    NodeState.BURN_IN: frozenset({NodeState.HEALTHY}),
 }
 
 

@@ -69,6 +69,13 @@ class MitigatorMetrics:
                           registry=r)
         self.job_gpus = Gauge("foreshock_mitigator_job_gpus", "GPUs in the jobs that report their status.",
                               registry=r)
+        self.faults = Counter("foreshock_mitigator_faults_total",
+                              "Node failures counted for the burn-in (failed or down node events, not "
+                              "already out with Foreshock's drain).", registry=r)
+        self.burn_ins = Counter("foreshock_mitigator_burn_ins_total",
+                                "Burn-ins after a repeat failure, by outcome: started, passed, cleared "
+                                "(by an operator), failed (the node faulted during it).", ["outcome"],
+                                registry=r)
         self.unsaved_work = Gauge(
             "foreshock_mitigator_unsaved_work_gpu_seconds",
             "GPU-seconds of training since each reporting job's last durable snapshot, summed: what a "

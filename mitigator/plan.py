@@ -15,7 +15,8 @@ from typing import Literal
 from foreshock.mitigator.lifecycle import NodeState
 
 __all__ = [
-    "ActionKind", "Action", "NodeView", "JobView", "Block", "Rail", "Plan", "action_id", "count_states",
+    "ActionKind", "Action", "NodeView", "JobView", "Block", "Rail", "Plan", "action_id", "trigger_of",
+    "count_states",
 ]
 
 ActionKind = Literal["checkpoint", "drain", "undrain", "migrate", "pin", "unpin"]
@@ -29,6 +30,15 @@ def action_id(kind: ActionKind, node: str, job: str | None, trigger_ts: int) -> 
     'drain:node0007:llm-70b:1700000000000'
     """
     return f"{kind}:{node}:{job or '-'}:{trigger_ts}"
+
+
+def trigger_of(action_id: str) -> int:
+    """The trigger timestamp an :func:`action_id` was derived from.
+
+    >>> trigger_of("drain:node0007:llm-70b:1700000000000")
+    1700000000000
+    """
+    return int(action_id.rsplit(":", 1)[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +60,10 @@ class NodeView:
     ``hot``/``cool`` count consecutive records for which acting pays off / the risk is below the
     clear level (the hysteresis); ``trigger_ts`` is the record that started the current episode;
     ``draining`` says the current episode moves the node out (not just a checkpoint).
+
+    The burn-in's memory (:mod:`foreshock.mitigator.burnin`): ``faults`` are the times (ms) of the
+    node's newest failures, ``burn_in_since`` when its current burn-in began (mitigator clock, 0
+    outside one), ``burned`` the failure its last burn-in followed (one burn-in per failure).
     """
 
     state: NodeState = NodeState.HEALTHY
@@ -59,6 +73,9 @@ class NodeView:
     draining: bool = False
     pinned: bool = False
     unmanageable: bool = False  # the scheduler does not know the node: never acted on again
+    faults: tuple[int, ...] = ()
+    burn_in_since: int = 0
+    burned: int = 0
 
 
 @dataclass(frozen=True, slots=True)

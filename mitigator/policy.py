@@ -13,9 +13,11 @@ plus a drain when every safety rail allows it, otherwise a checkpoint only:
   the engine latches it open from the first drain it refuses until an operator resets it;
 * at most ``max_concurrent_drains`` nodes draining or drained at once;
 * never more than ``max_job_share`` of a job's nodes (at least one) moved at once;
-* only onto a free spare (healthy, unpinned, in no job, not promised to another migration).
+* only onto a free spare (healthy, unpinned, in no job, not promised to another migration): a
+  node in burn-in (:mod:`foreshock.mitigator.burnin`) is never one.
 
-Pinned nodes, and nodes the scheduler does not know, are never acted on. A rail that holds a
+Pinned nodes, nodes the scheduler does not know, and nodes out of service (drained, repaired and
+waiting for their undrain, in burn-in) are never acted on. A rail that holds a
 wanted drain back is named in the plan (:class:`~foreshock.mitigator.plan.Block`), so it can be audited.
 New policies register in :data:`POLICIES` by name.
 """
@@ -27,9 +29,12 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from foreshock.ingest.contract import RiskScore
+from foreshock.mitigator.burnin import FAULTS_KEPT
 from foreshock.mitigator.lifecycle import NodeState
 from foreshock.mitigator.plan import Action, Block, JobView, NodeView, Plan, action_id
 from foreshock.models.reliability import (
+    DEFAULT_BURN_IN,
+    BurnIn,
     expected_crash_loss_gpu_seconds,
     mitigation_cost_gpu_seconds,
     should_mitigate,
@@ -40,7 +45,10 @@ __all__ = ["PolicyConfig", "PolicyContext", "Policy", "ExpectedLossPolicy", "POL
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    """Thresholds, costs and safety rails; validated once at construction."""
+    """Thresholds, costs and safety rails; validated once at construction.
+
+    ``burn_in``: the burn-in after a repeat failure (None: none), the real trace's by default.
+    """
 
     watch_at: float = 0.3
     clear_below: float = 0.2
@@ -53,6 +61,7 @@ class PolicyConfig:
     breaker_share: float = 0.05
     breaker_window_ms: int = 3_600_000
     spare_nodes: tuple[str, ...] = ()
+    burn_in: BurnIn | None = DEFAULT_BURN_IN
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.clear_below < self.watch_at <= 1.0:
@@ -63,6 +72,8 @@ class PolicyConfig:
             raise ValueError("max_job_share and breaker_share must be in (0, 1]")
         if self.restart_s < 0 or self.migration_s < 0 or self.breaker_window_ms <= 0:
             raise ValueError("costs must be >= 0 and the breaker window > 0")
+        if self.burn_in is not None and self.burn_in.failures > FAULTS_KEPT:
+            raise ValueError(f"a burn-in counts at most {FAULTS_KEPT} failures")
 
     def breaker_limit(self, fleet_size: int) -> int:
         """Drains allowed within the breaker's window (at least one)."""
@@ -89,6 +100,7 @@ class PolicyContext:
 
 
 Policy = Callable[[PolicyContext], Plan]
+_OUT_OF_SERVICE = frozenset({NodeState.DRAINED, NodeState.REPAIRED, NodeState.BURN_IN})
 
 
 class ExpectedLossPolicy:
@@ -101,7 +113,7 @@ class ExpectedLossPolicy:
         r, c = ctx.record, self.config
         view = ctx.view(r.node)
         elevated = r.probability >= c.watch_at or r.alert
-        if view.pinned or view.unmanageable or view.state in (NodeState.DRAINED, NodeState.REPAIRED):
+        if view.pinned or view.unmanageable or view.state in _OUT_OF_SERVICE:
             return Plan(r.node, view)
         if view.state is NodeState.HEALTHY and not elevated:
             return Plan(r.node, view)  # the common case: nothing to remember, nothing to do

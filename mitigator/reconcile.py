@@ -1,17 +1,18 @@
 """Reconciliation: each node's desired state against what the scheduler shows, and a rule for each gap.
 
 The mitigator's view of a node is what it wants the node to be: *in service* (healthy, watch, a
-checkpoint-only mitigation, repaired), *migrating* (its job leaves and a drain follows) or
-*drained*. The scheduler shows what is: out of service with Foreshock's mark (the Slurm reason
-``foreshock: …``, the Kubernetes taint), or not. Like the Kubernetes node lifecycle controller, the
-mitigator compares the two level by level — at its cold start, and then on every pass that has a
-fresh reading of the scheduler (taken every ``reconcile_every_s``, off the consumer loop) — not only
-when it acts. Where they differ:
+checkpoint-only mitigation, repaired), *migrating* (its job leaves and a drain follows) or *drained*
+(drained, or in burn-in after a repeat failure). The scheduler shows what is: out of service with
+Foreshock's mark (the Slurm reason ``foreshock: …``, the Kubernetes taint), or not. Like the
+Kubernetes node lifecycle controller, the mitigator compares the two level by level — at its cold
+start, and then on every pass that has a fresh reading of the scheduler (taken every
+``reconcile_every_s``, off the consumer loop) — not only when it acts. Where they differ:
 
 * **drained, shown in service**: the drain had been confirmed, so someone returned the node —
-  an operator's resume, a repair. The mitigator respects it: the node is healthy again and its next
-  alerts start a new episode (the drain still counts in the breaker's window). Foreshock cannot
-  tell an operator's resume from a scheduler that lost its state; both are taken as the operator's.
+  an operator's resume, a repair, or an operator ending a burn-in by hand. The mitigator respects
+  it: the node is healthy again and its next alerts start a new episode (the drain still counts in
+  the breaker's window). Foreshock cannot tell an operator's resume from a scheduler that lost its
+  state; both are taken as the operator's.
 * **in service, shown drained with Foreshock's mark**: a drain this mitigator did not record (a log
   lost or replaced, another instance) — the node is taken as drained, so it counts against the
   drain cap and a ``repaired`` event returns it to service.
@@ -54,7 +55,7 @@ def desired(view: NodeView) -> Desired:
     >>> desired(NodeView(state=NodeState.MITIGATING, draining=True))
     'migrating'
     """
-    if view.state is NodeState.DRAINED:
+    if view.state in (NodeState.DRAINED, NodeState.BURN_IN):
         return "drained"
     if view.state is NodeState.MITIGATING and view.draining:
         return "migrating"
@@ -91,7 +92,7 @@ def compare(views: Mapping[str, NodeView], drained: Collection[str], busy: Colle
         want, shown = desired(view), node in drained
         if want == "drained" and not shown:
             gaps.append(Gap(node, "returned_by_hand", replace(
-                view, state=NodeState.HEALTHY, draining=False, hot=0, cool=0, trigger_ts=0)))
+                view, state=NodeState.HEALTHY, draining=False, hot=0, cool=0, trigger_ts=0, burn_in_since=0)))
         elif want == "in_service" and shown:
             drained_view = replace(view, state=NodeState.DRAINED, draining=True)
             gaps.append(Gap(node, "drained_by_scheduler", drained_view))

@@ -2,8 +2,13 @@
 
 Consumes ``risk.scores``, ``node.events`` and operator requests (``mitigation.events`` records
 with status ``planned`` and a reason starting ``operator``: pin/unpin, see :func:`pin_request`,
-and the breaker's reset, see :func:`breaker_reset_request`) as one consumer group (key = node, so
-one member owns a node's state).
+the breaker's reset, see :func:`breaker_reset_request`, and a burn-in's clear, see
+:func:`burn_in_clear_request`) as one consumer group (key = node, so one member owns a node's state).
+
+Node events drive the burn-in (:mod:`foreshock.mitigator.burnin`): a ``failed`` or ``down`` event
+that is a new failure is audited (``fault``, ``observed``) and then counted; a ``repaired`` or
+``up`` event sends a node with enough recent failures into burn-in, else undrains a node
+Foreshock drained (``repaired``). Every pass ends the burn-ins that have lasted their length.
 
 Before the first record it rebuilds its state (:mod:`foreshock.mitigator.coldstart`); then, every
 ``reconcile_every_s``, it reads the scheduler's state off the loop and the pass that receives it
@@ -33,8 +38,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 
 from foreshock.ingest.bus import Bus, Message
-from foreshock.ingest.contract import MitigationEvent, NodeEvent, RiskScore, Topic
+from foreshock.ingest.contract import RETURN_EVENTS, MitigationEvent, NodeEvent, RiskScore, Topic
 from foreshock.ingest.stream import Decoded, RecordStream, now_ms
+from foreshock.mitigator import burnin
 from foreshock.mitigator.audit import AuditUnavailable
 from foreshock.mitigator.coldstart import ColdStart, rebuild
 from foreshock.mitigator.engine import MitigationEngine
@@ -44,7 +50,7 @@ from foreshock.mitigator.metrics import MitigatorMetrics
 from foreshock.mitigator.plan import NodeView, Plan, action_id, count_states
 from foreshock.mitigator.reconcile import compare
 
-__all__ = ["MitigationService", "pin_request", "breaker_reset_request"]
+__all__ = ["MitigationService", "pin_request", "breaker_reset_request", "burn_in_clear_request"]
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +171,7 @@ class MitigationService:
                     "window_s": self.engine.config.breaker_window_ms / 1000,
                 },
                 "nodes": nodes,
+                "burn_in": self._burn_in_status(),
                 "pinned": sorted(n for n, v in self.engine.views.items() if v.pinned),
                 "unmanageable": sorted(n for n, v in self.engine.views.items() if v.unmanageable),
                 "in_flight": [
@@ -188,6 +195,17 @@ class MitigationService:
                     "recent": list(self.reconciled),
                 },
             }
+
+    def _burn_in_status(self) -> dict:
+        rule = self.engine.config.burn_in
+        length_ms = 0 if rule is None else int(rule.length_s * 1000)
+        return {
+            "rule": None if rule is None else {"failures": rule.failures, "window_s": rule.window_s,
+                                               "length_s": rule.length_s},
+            "nodes": [{"node": n, "since_ms": v.burn_in_since, "until_ms": v.burn_in_since + length_ms,
+                       "failures": 0 if rule is None else burnin.failures_within(v, rule)}
+                      for n, v in sorted(self.engine.views.items()) if v.state is NodeState.BURN_IN],
+        }
 
     def _cold_start(self) -> ColdStart:
         cs = rebuild(
@@ -234,8 +252,8 @@ class MitigationService:
             if plan.blocked is not None:
                 self._block(plan)
             return plan
-        if isinstance(record, NodeEvent) and record.event == "repaired":
-            return self.engine.repaired(record.node, record.ts)
+        if isinstance(record, NodeEvent):
+            return self._node_event(record)
         if not (
             isinstance(record, MitigationEvent)
             and record.status == "planned"
@@ -249,7 +267,57 @@ class MitigationService:
             self._note(record.node, record.action_id, "breaker", "reset", record.reason)
             log.warning("circuit breaker reset by %s", record.reason)
             self.engine.reset_breaker()
+        if (record.action == "undrain" and burnin.is_burn_in(record.action_id)
+                and not self.executor.audit.succeeded(record.action_id)):
+            return self._clear_burn_in(record)
         return None
+
+    def _node_event(self, record: NodeEvent) -> Plan | None:
+        node = record.node
+        if record.event in ("failed", "down"):
+            if self.engine.is_new_fault(node, record.ts):
+                was = self.engine.state(node)
+                detail = f"node event {record.event}" + (f": {record.detail}" if record.detail else "")
+                self._note(node, f"fault:{node}:-:{record.ts}", "fault", "observed", detail, ts=record.ts)
+                self.engine.fault(node, record.ts)
+                self.metrics.faults.inc()
+                if was is NodeState.BURN_IN:
+                    self.metrics.burn_ins.labels("failed").inc()
+                    log.warning("%s failed during its burn-in (%s); its next return starts another", node,
+                                detail)
+            return None
+        if record.event not in RETURN_EVENTS:
+            return None
+        was = self.engine.state(node)
+        plan = self.engine.returned(node, record.ts, record.event)
+        if plan.view.state is NodeState.BURN_IN and was is not NodeState.BURN_IN:
+            self.metrics.burn_ins.labels("started").inc()
+            log.warning("%s back from repair goes into burn-in: %s", node, plan.actions[0].reason)
+        return plan
+
+    def _clear_burn_in(self, record: MitigationEvent) -> Plan | None:
+        plan = self.engine.clear_burn_in(record.node, record.ts, record.reason)
+        if plan is None:
+            log.warning("burn-in clear for %s ignored: it is in no burn-in (%s)", record.node,
+                        self.engine.state(record.node))
+            return None
+        self.metrics.burn_ins.labels("cleared").inc()
+        log.warning("burn-in of %s cleared by %s", record.node, record.reason)
+        return plan
+
+    def _pass_burn_ins(self) -> None:
+        """End the burn-ins that lasted their length: undrain each (its intent recorded first)."""
+        for node in self.engine.burn_ins_due():
+            mark = self.engine.mark(node)
+            plan = self.engine.pass_burn_in(node)
+            try:
+                outcomes = self.executor.submit(plan)
+            except AuditUnavailable:
+                self.engine.undo(mark)
+                raise
+            self.metrics.burn_ins.labels("passed").inc()
+            log.info("%s passed its burn-in; back to service", node)
+            self._settle(outcomes)
 
     def _reject(self, record: RiskScore, why: str, message: Message | None) -> None:
         self._note(record.node, action_id("record", record.node, None, record.ts), "record", "rejected", why)
@@ -271,11 +339,13 @@ class MitigationService:
         self.metrics.blocked.labels(block.rail).inc()
         log.warning("drain of %s held back: %s", plan.node, block.detail)
 
-    def _note(self, node: str, aid: str, action: str, status: str, reason: str) -> None:
-        """An audit row for something decided rather than done (a rejection, a block, the breaker)."""
+    def _note(self, node: str, aid: str, action: str, status: str, reason: str,
+              ts: int | None = None) -> None:
+        """An audit row for something decided or seen rather than done (a rejection, a block, the
+        breaker, a failure: dated ``ts``, the mitigator's clock by default)."""
         self.executor.audit.record(MitigationEvent(
-            ts=self.engine.clock(), node=node, action_id=aid, action=action, status=status, reason=reason,
-            dry_run=self.executor.dry_run,
+            ts=self.engine.clock() if ts is None else ts, node=node, action_id=aid, action=action,
+            status=status, reason=reason, dry_run=self.executor.dry_run,
         ))
 
     def tick(self) -> list[Outcome]:
@@ -285,6 +355,7 @@ class MitigationService:
 
     def _run_due(self) -> list[Outcome]:
         try:
+            self._pass_burn_ins()
             outcomes = self.executor.run_due()
         except AuditUnavailable as exc:
             self._pause(exc, [])
@@ -400,6 +471,15 @@ def pin_request(node: str, pinned: bool, reason: str = "", ts: int | None = None
         action=kind,
         status="planned",
         reason=f"operator: {reason}".rstrip(": "),
+    )
+
+
+def burn_in_clear_request(node: str, reason: str = "", ts: int | None = None) -> MitigationEvent:
+    """The record an operator publishes to end ``node``'s burn-in now (the undrain is audited)."""
+    ts = now_ms() if ts is None else ts
+    return MitigationEvent(
+        ts=ts, node=node, action_id=burnin.burn_in_id("undrain", node, ts), action="undrain",
+        status="planned", reason=f"operator: {reason}".rstrip(": "),
     )
 
 

@@ -18,6 +18,7 @@ import typer
 from foreshock.commands.durations import option_seconds as _seconds
 from foreshock.mitigator.drill import COMPONENTS, EXTRA_SCENARIOS, SCENARIOS, DrillSettings, run_drill
 from foreshock.mitigator.drill_mitigation import DrillParts
+from foreshock.models.reliability import DEFAULT_BURN_IN, SECONDS_PER_DAY
 
 __all__ = ["register"]
 
@@ -91,6 +92,23 @@ def mitigate(
     reset_breaker: bool = typer.Option(
         False, "--reset-breaker", help="publish an (audited) reset of a tripped circuit breaker and exit"
     ),
+    burn_in: str = typer.Option(
+        f"{DEFAULT_BURN_IN.length_s / 3600:g}h", "--burn-in",
+        help="how long a node back from repair with --burn-in-failures failures within --burn-in-window "
+             "stays drained (no spare, no job) without a new fault before it returns; 0: no burn-in "
+             "(the defaults are what the real trace's repeat-failure curve gives)",
+    ),
+    burn_in_failures: int = typer.Option(
+        DEFAULT_BURN_IN.failures, "--burn-in-failures",
+        help="failures within --burn-in-window (the one just repaired included) that call for a burn-in",
+    ),
+    burn_in_window: str = typer.Option(
+        f"{DEFAULT_BURN_IN.window_s / SECONDS_PER_DAY:g}d", "--burn-in-window",
+        help="window the failures are counted in",
+    ),
+    clear_burn_in: str | None = typer.Option(
+        None, "--clear-burn-in", help="publish an (audited) end of NODE's burn-in (back to service) and exit"
+    ),
     horizon: str = typer.Option(
         "15m", "--horizon", help="risk records older than this at receipt are rejected (dead-lettered)"
     ),
@@ -132,19 +150,36 @@ def mitigate(
     from foreshock.mitigator.executor import Executor
     from foreshock.mitigator.jobs import FileJobs, StaticJobs
     from foreshock.mitigator.policy import POLICIES, PolicyConfig
-    from foreshock.mitigator.service import MitigationService, breaker_reset_request, pin_request
+    from foreshock.mitigator.service import (
+        MitigationService,
+        breaker_reset_request,
+        burn_in_clear_request,
+        pin_request,
+    )
+    from foreshock.models.reliability import BurnIn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
     stop_after = _seconds(run_for, "--run-for") if run_for else None
+    burn_in_s = _seconds(burn_in, "--burn-in")
+    try:
+        rule = BurnIn(failures=burn_in_failures, window_s=_seconds(burn_in_window, "--burn-in-window"),
+                      length_s=burn_in_s) if burn_in_s > 0 else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--burn-in-failures") from None
     bus = connect_kafka(kafka, "mitigate")
-    if pin or unpin or reset_breaker:
-        request = breaker_reset_request("cli") if reset_breaker else pin_request(
-            pin or unpin, pinned=bool(pin), reason="cli")
+    if pin or unpin or reset_breaker or clear_burn_in:
+        if reset_breaker:
+            request = breaker_reset_request("cli")
+        elif clear_burn_in:
+            request = burn_in_clear_request(clear_burn_in, reason="cli")
+        else:
+            request = pin_request(pin or unpin, pinned=bool(pin), reason="cli")
         publish(bus, [request])
         bus.flush()
         bus.close()
-        typer.echo(f"{request.action} request{'' if reset_breaker else ' for ' + request.node} published")
+        what = "burn-in clear" if clear_burn_in else request.action
+        typer.echo(f"{what} request{'' if reset_breaker else ' for ' + request.node} published")
         return
     if policy not in POLICIES:
         known = ", ".join(POLICIES)
@@ -160,6 +195,7 @@ def mitigate(
             breaker_share=breaker_share,
             breaker_window_ms=int(_seconds(breaker_window, "--breaker-window") * 1000),
             spare_nodes=tuple(spare),
+            burn_in=rule,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
