@@ -12,7 +12,7 @@ their stored thresholds, to any other dataset, so the budget is tested where it 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 from foreshock.models.alerting import EVAL_COLUMNS, EvalRows
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
-from foreshock.models.frame import LabelledData, build_labelled, combined_fingerprint
+from foreshock.models.frame import LabelledData, LabelledStream, combined_fingerprint, open_labelled
 
 __all__ = ["PREDICTORS", "predictor_metrics", "scores_of", "thresholds_of", "budget_of", "clear_ms_of",
            "evaluate", "write_outputs"]
@@ -99,6 +99,8 @@ def evaluate(
     feature_set: Any = None,
     dask_address: str | None = None,
     cadence_ms: int | None = None,
+    tables: Sequence[str | Path] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Score every row of one or more other datasets with the model and its baselines; write
     ``metrics.json``, ``report.md`` and plots to ``out_dir``; return the metrics (``metrics.json``'s
@@ -109,24 +111,29 @@ def evaluate(
     name), with each one's own figures under ``by_dataset``: at 1 or 2 false alarms per 1,000
     node-days a dataset of a thousand node-days allows one or two alarms, so which predictor
     leads there turns on a single alert, and a pool of several seeds is the fair comparison.
-    ``data`` (one per folder) skips feature computation when the caller already has the frames;
-    ``dask_address`` computes the features on that Dask cluster. ``cadence_ms`` defaults to the
+    ``data`` (one per folder) skips feature computation when the caller already has the frames.
+    Otherwise each dataset's features come from its feature table in ``tables`` (one per folder,
+    written by ``foreshock features``) or from the dataset's feature cache
+    (:func:`foreshock.models.frame.feature_table`; computed on the Dask cluster at ``dask_address``
+    when given), and are read and scored a day at a time: memory holds one day's features and,
+    for every row, only what the metrics read. ``cadence_ms`` defaults to the
     cadence the model was trained at; a finer one (the service scores every few seconds) measures
     lead times and false alarms closer to what an operator sees, since alerts can start between
     two training rows and a flapping score can open more episodes.
     """
     names = _dataset_names(data_dirs)
-    if data is not None and len(data) != len(names):
-        raise ValueError(f"{len(data)} labelled frames for {len(names)} dataset folders")
+    for given, what in ((data, "labelled frames"), (tables, "feature tables")):
+        if given is not None and len(given) != len(names):
+            raise ValueError(f"{len(given)} {what} for {len(names)} dataset folders")
     cadence_ms = cadence_ms or int(model.metrics.get("training", {}).get("cadence_ms", 60_000))
     pooled = len(names) > 1
     parts: list[_Scored] = []
     for i, (name, data_dir) in enumerate(zip(names, data_dirs, strict=True)):
-        labelled = data[i] if data is not None else build_labelled(
-            data_dir, model.horizon_minutes * 60_000, cadence_ms, feature_set=feature_set,
-            dask_address=dask_address,
+        labelled = data[i] if data is not None else open_labelled(
+            data_dir, model.horizon_minutes * 60_000, cadence_ms, feature_set,
+            table=tables[i] if tables is not None else None, dask_address=dask_address, progress=progress,
         )
-        parts.append(_score_dataset(model, name, labelled, pool_size=len(names)))
+        parts.append(_score_dataset(model, name, labelled, pool_size=len(names), progress=progress))
         del labelled  # one dataset's features at a time
     cadences = {part.cadence_ms for part in parts}
     if len(cadences) > 1:
@@ -174,9 +181,15 @@ class _Scored:
     info: dict[str, Any]
 
 
-def _score_dataset(model: RiskModel, name: str, labelled: LabelledData, pool_size: int) -> _Scored:
-    """Score one dataset and keep what the pool needs; its share of the SHAP sample is
-    ``SHAP_ROWS / pool_size`` rows."""
+def _score_dataset(
+    model: RiskModel,
+    name: str,
+    labelled: LabelledData | LabelledStream,
+    pool_size: int,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> _Scored:
+    """Score one dataset, a chunk (a day of its feature table) at a time, and keep what the pool
+    needs; its share of the SHAP sample is ``SHAP_ROWS / pool_size`` rows, drawn from every chunk."""
     from foreshock.models.plots import SHAP_ROWS
 
     per_dataset = pool_size > 1
@@ -185,22 +198,50 @@ def _score_dataset(model: RiskModel, name: str, labelled: LabelledData, pool_siz
             f"model was trained on feature set {model.feature_set_hash}, "
             f"dataset {name} has {labelled.feature_set_hash}"
         )
-    rows = EvalRows(labelled.frame, labelled.cadence_ms, clear_ms_of(model))
-    scores = scores_of(model, rows.frame)
+    kept: list[pd.DataFrame] = []
+    sample = _Sample(SHAP_ROWS // pool_size)
+    for i, chunk in enumerate(labelled.chunks(), start=1):
+        kept.append(chunk[[c for c in EVAL_COLUMNS if c in chunk]].assign(**scores_of(model, chunk)))
+        sample.add(chunk[model.feature_names])
+        del chunk
+        if progress is not None:
+            progress(f"evaluate: {name}", i, labelled.chunk_count)
+    frame = pd.concat(kept, ignore_index=True) if len(kept) > 1 else kept[0]
+    del kept
+    rows = EvalRows(frame, labelled.cadence_ms, clear_ms_of(model))
+    scores = {p: rows.frame[p].to_numpy() for p in PREDICTORS}
     thresholds, budget = thresholds_of(model), budget_of(model)
     metrics = (
         {p: predictor_metrics(rows, scores[p], thresholds[p], budget) for p in PREDICTORS}
         if per_dataset
         else {}
     )
-    kept = rows.frame[[c for c in EVAL_COLUMNS if c in rows.frame]].assign(**scores)
+    kept_rows = rows.frame
     if per_dataset:
-        kept["node"] = name + "/" + kept["node"]
-    share = min(len(rows.frame), SHAP_ROWS // pool_size)
-    sample = rows.frame[model.feature_names].sample(share, random_state=0)
+        kept_rows = kept_rows.assign(node=name + "/" + kept_rows["node"])
     manifest = {k: labelled.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")}
     info = {"name": name, **manifest, "fingerprint": labelled.fingerprint}
-    return _Scored(kept, rows.cadence_ms, sample, metrics, info)
+    return _Scored(kept_rows, rows.cadence_ms, sample.rows(), metrics, info)
+
+
+class _Sample:
+    """A seeded uniform sample of ``size`` rows of frames seen one after another: each row draws a
+    random key, and the ``size`` smallest keys so far stay."""
+
+    def __init__(self, size: int, seed: int = 0):
+        self.size = size
+        self._rng = np.random.default_rng(seed)
+        self._rows: pd.DataFrame | None = None
+        self._keys = np.empty(0)
+
+    def add(self, frame: pd.DataFrame) -> None:
+        keys = np.concatenate([self._keys, self._rng.random(len(frame))])
+        both = frame if self._rows is None else pd.concat([self._rows, frame])
+        keep = np.argsort(keys, kind="stable")[: self.size]
+        self._rows, self._keys = both.iloc[keep], keys[keep]
+
+    def rows(self) -> pd.DataFrame:
+        return self._rows if self._rows is not None else pd.DataFrame()
 
 
 def _dataset_names(data_dirs: Sequence[str | Path]) -> list[str]:

@@ -54,8 +54,9 @@ import math
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
 from foreshock.models.evaluate import PREDICTORS, predictor_metrics, write_outputs
 from foreshock.models.folds import FOLDS, choose_thresholds, out_of_fold
-from foreshock.models.frame import LabelledData, build_labelled
+from foreshock.models.frame import LabelledData, TableOnDask, build_labelled
 from foreshock.models.splits import make_split
 
 __all__ = [
@@ -90,6 +91,8 @@ __all__ = [
     "training_metrics",
     "model_card",
     "censor_before_failures",
+    "thin_far_negatives",
+    "booster_rows",
     "fit_booster",
     "fit_with_prior",
     "fold_scores",
@@ -122,6 +125,10 @@ NEGATIVES_PER_POSITIVE = math.inf
 # 0.177 against 0.158 on every negative, llama3 512 nodes), so the model is judged against it
 LOGISTIC_NEGATIVES_PER_POSITIVE = 10.0
 CENSOR_MS = 6 * 3_600_000
+# thin_far_negatives: a negative this far from any failure (ahead) and any repair (behind) is
+# "far", and the trees may see a share of such rows, weighted (train --negative-rate)
+FAR_FROM_FAILURE_MS = 24 * 3_600_000
+WEIGHT = "_weight"
 PRIOR_WEIGHT = 0.3
 # Platt's slope is kept at least this (a monotone map); a margin that needs the floor does not
 # calibrate, and fit_with_prior does not choose it
@@ -212,6 +219,31 @@ def _stop_after(history: list[float]):
     return callback
 
 
+_BOOSTER_FITTED: ContextVar[Callable[[], None] | None] = ContextVar("booster_fitted", default=None)
+
+
+@contextmanager
+def _counting_boosters(progress: Callable[[str, int, int], None] | None, total: int) -> Iterator[None]:
+    """Tell ``progress`` of each tree model :func:`fit_booster` finishes inside the block (the
+    recipe fits ``total``: the prior's candidates, then a model per threshold fold)."""
+    if progress is None:
+        yield
+        return
+    done = 0
+
+    def one() -> None:
+        nonlocal done
+        done += 1
+        progress("train: tree models", done, max(total, done))
+
+    progress("train: tree models", 0, total)
+    token = _BOOSTER_FITTED.set(one)
+    try:
+        yield
+    finally:
+        _BOOSTER_FITTED.reset(token)
+
+
 def fit_booster(
     x_train: pd.DataFrame,
     y_train: np.ndarray,
@@ -221,6 +253,7 @@ def fit_booster(
     dask_address: str | None = None,
     init: tuple[np.ndarray, np.ndarray | None] | None = None,
     rounds: int | None = None,
+    weight: np.ndarray | None = None,
 ) -> lgb.Booster:
     """Fit, then keep the iterations with the best validation average precision (at least
     :data:`MIN_ROUNDS` of them); returns a booster holding only those iterations. With
@@ -229,28 +262,54 @@ def fit_booster(
 
     ``init`` is the log-odds the trees start from on the training and validation rows
     (LightGBM's ``init_score``; validation is judged on it plus the trees). Without it LightGBM
-    starts from the training base rate."""
+    starts from the training base rate. ``weight``: each training row's weight
+    (:func:`thin_far_negatives`).
+
+    LightGBM bins the rows from float32 blocks of :data:`DATASET_BLOCK_ROWS` (:func:`_blocks`),
+    never one whole matrix, and frees them once binned. With a
+    :class:`~foreshock.models.frame.TableOnDask` address the trees grow through ``lightgbm.dask``
+    on rows the workers read from the feature table themselves (:func:`_rows_on_workers`)."""
+    booster = _fit_booster(x_train, y_train, x_val, y_val, params, dask_address, init, rounds, weight)
+    fitted = _BOOSTER_FITTED.get()
+    if fitted is not None:
+        fitted()
+    return booster
+
+
+def _fit_booster(
+    x_train: pd.DataFrame,
+    y_train: np.ndarray,
+    x_val: pd.DataFrame | None,
+    y_val: np.ndarray | None,
+    params: dict[str, Any],
+    dask_address: str | None = None,
+    init: tuple[np.ndarray, np.ndarray | None] | None = None,
+    rounds: int | None = None,
+    weight: np.ndarray | None = None,
+) -> lgb.Booster:
     init_train, init_val = init if init is not None else (None, None)
     if dask_address is None:
         history: list[float] = []
         judged = rounds is None
+        names = list(x_train.columns)
         with forced_bins_file(x_train) as path:
             booster = lgb.train(
                 {**params, "metric": "average_precision", "forcedbins_filename": path},
-                lgb.Dataset(x_train, y_train, init_score=init_train, free_raw_data=False),
+                lgb.Dataset(
+                    _blocks(x_train), y_train, weight=weight, init_score=init_train, feature_name=names
+                ),
                 num_boost_round=MAX_ROUNDS if judged else rounds,
-                valid_sets=[lgb.Dataset(x_val, y_val, init_score=init_val)] if judged else [],
+                valid_sets=[lgb.Dataset(_blocks(x_val), y_val, init_score=init_val, feature_name=names)]
+                if judged
+                else [],
                 callbacks=[_stop_after(history)] if judged else [],
             )
         return _trim(booster, _best_iteration(history)) if judged else booster
-    import dask.dataframe as dd
     from distributed import Client
     from lightgbm.dask import DaskLGBMClassifier
 
     with Client(dask_address) as client:
-        workers = max(1, len(client.scheduler_info()["workers"]))
-        columns = {"_label": y_train, **({} if init_train is None else {"_init": init_train})}
-        train = dd.from_pandas(x_train.assign(**columns), npartitions=workers)
+        train = _rows_on_workers(client, dask_address, x_train, y_train, weight, init_train)
         local = {k: v for k, v in params.items() if k != "n_jobs"}  # lightgbm.dask sets threads per worker
         local.setdefault("n_estimators", DASK_ROUNDS)
         if rounds is not None:
@@ -263,6 +322,7 @@ def fit_booster(
             clf.fit(
                 train[list(x_train.columns)],
                 train["_label"],
+                sample_weight=None if weight is None else train["_weight"],
                 init_score=None if init_train is None else train["_init"],
             )
         finally:
@@ -276,6 +336,42 @@ def fit_booster(
         for k in range(1, booster.current_iteration() + 1)
     ]
     return _trim(booster, _best_iteration(curve))
+
+
+DATASET_BLOCK_ROWS = 1 << 16
+
+
+def _blocks(x: pd.DataFrame) -> list[np.ndarray]:
+    """``x`` as float32 blocks of rows: LightGBM bins a list of blocks as it would bin them stacked
+    (the same sampled rows, the same bins, the same trees) without a copy of the whole matrix."""
+    step = DATASET_BLOCK_ROWS
+    blocks = [x.iloc[i : i + step].to_numpy(np.float32, na_value=np.nan) for i in range(0, len(x), step)]
+    return blocks or [np.empty((0, x.shape[1]), dtype=np.float32)]
+
+
+def _rows_on_workers(
+    client: Any,
+    address: str,
+    x: pd.DataFrame,
+    y: np.ndarray,
+    weight: np.ndarray | None,
+    init: np.ndarray | None,
+) -> Any:
+    """The training rows as a Dask DataFrame with ``_label`` (and ``_weight``, ``_init``) columns.
+    With a :class:`~foreshock.models.frame.TableOnDask` address the workers read the features from
+    the feature table, a day per partition; only each row's position, label, weight and init score
+    leave this process. Otherwise (features given as a frame) the frame is sent, a part per worker."""
+    import dask.dataframe as dd
+
+    extra = pd.DataFrame({"_label": y})
+    if weight is not None:
+        extra["_weight"] = weight
+    if init is not None:
+        extra["_init"] = init
+    if isinstance(address, TableOnDask):
+        return address.rows(x.index.to_numpy(), extra)
+    workers = max(1, len(client.scheduler_info()["workers"]))
+    return dd.from_pandas(pd.concat([x.reset_index(drop=True), extra], axis=1), npartitions=workers)
 
 
 def _write_text(path: str, text: str) -> None:
@@ -310,6 +406,7 @@ def fit_with_prior(
     their Platt slope falls to its floor, so every probability is the base rate, every node
     scores the same and the mitigator never acts."""
     y_train, y_val = train["label"].to_numpy(), val["label"].to_numpy()
+    row_weight = train[WEIGHT].to_numpy() if WEIGHT in train else None
     weights = sorted({0.0, max(prior_weight, 0.0)})
     linear = {"train": prior.frame_log_odds(train), "val": prior.frame_log_odds(val)} if weights[-1] else {}
     fitted: dict[float, lgb.Booster] = {}
@@ -317,7 +414,7 @@ def fit_with_prior(
     for weight in weights:
         init = None if weight == 0 else (weight * linear["train"], weight * linear["val"])
         fitted[weight] = fit_booster(
-            train[names], y_train, val[names], y_val, params, dask_address, init=init
+            train[names], y_train, val[names], y_val, params, dask_address, init=init, weight=row_weight
         )
         margin = fitted[weight].predict(val[names], raw_score=True) + (init[1] if init else 0.0)
         slope, intercept = platt_calibration(margin, y_val)
@@ -364,6 +461,47 @@ def censor_before_failures(frame: pd.DataFrame, censor_ms: int) -> pd.DataFrame:
     return frame.loc[~ambiguous]
 
 
+def thin_far_negatives(
+    rows: pd.DataFrame, rate: float, seed: int, far_ms: int = FAR_FROM_FAILURE_MS
+) -> pd.DataFrame:
+    """``rows`` keeping a ``rate`` share of the negatives far from any failure (none within
+    ``far_ms`` ahead, no return to service within ``far_ms`` behind), each kept one weighted
+    ``1 / rate`` in the :data:`WEIGHT` column (1 elsewhere), so the weighted rows still stand for
+    every healthy hour. Every other row is kept: positives, the hours before a failure, the hours
+    after a repair. Which rows are kept depends only on (node, ts, seed), whatever else the frame
+    holds, so fold models and Dask workers thin alike. ``rate`` >= 1 returns ``rows`` unchanged."""
+    if rate >= 1.0:
+        return rows
+    if rate <= 0.0:
+        raise ValueError(f"negative_rate must be in (0, 1] (got {rate})")
+    ts = rows["ts"].to_numpy(dtype=np.float64)
+    ahead = rows["failure_ts"].astype("float64").to_numpy() - ts
+    behind = ts - rows["returned_ts"].astype("float64").to_numpy()
+    far = (
+        (rows["label"].to_numpy() == 0)
+        & (np.nan_to_num(ahead, nan=np.inf) > far_ms)
+        & (np.nan_to_num(behind, nan=np.inf) > far_ms)
+    )
+    key = f"{seed % 10**16:016d}"  # pandas' row hash is stable across runs and processes
+    draw = pd.util.hash_pandas_object(rows[["node", "ts"]], index=False, hash_key=key).to_numpy() / 2.0**64
+    keep = ~far | (draw < rate)
+    return rows.loc[keep].assign(**{WEIGHT: np.where(far[keep], 1.0 / rate, 1.0)})
+
+
+def booster_rows(
+    train: pd.DataFrame, *, censor_ms: int, negatives_per_positive: float, negative_rate: float, seed: int
+) -> pd.DataFrame:
+    """The rows the trees are fitted on: censored (:func:`censor_before_failures`), subsampled to
+    ``negatives_per_positive``, far negatives thinned to ``negative_rate`` (:func:`thin_far_negatives`)."""
+    rows = _subsample(censor_before_failures(train, censor_ms), negatives_per_positive, seed)
+    return thin_far_negatives(rows, negative_rate, seed)
+
+
+def _represented(rows: pd.DataFrame) -> int:
+    """How many rows ``rows`` stand for: its weights' sum (its length when unweighted)."""
+    return round(float(rows[WEIGHT].sum())) if WEIGHT in rows else len(rows)
+
+
 @dataclass(frozen=True)
 class Fitted:
     """What :func:`fit` produced: the complete model and what the metrics report about the fit."""
@@ -375,6 +513,7 @@ class Fitted:
     candidates: dict[float, dict[str, float]]  # per prior weight: validation pr_auc and Platt map
     params: dict[str, Any]  # the LightGBM parameters used
     train_rows_used: int
+    train_rows_represented: int = 0  # the rows the used ones stand for (thin_far_negatives' weights)
 
     @property
     def thresholds(self) -> dict[str, float]:
@@ -397,19 +536,23 @@ def fit(
     prior_weight: float = PRIOR_WEIGHT,
     folds: int = FOLDS,
     budget_confidence: float = BUDGET_CONFIDENCE,
+    negative_rate: float = 1.0,
 ) -> Fitted:
     """Fit the logistic baseline, the trees (with or without the prior), the calibration and
     every predictor's threshold on the training and validation rows (recipe steps 1-4); the
-    thresholds on ``folds`` time blocks scored out of fold (:mod:`foreshock.models.folds`)."""
+    thresholds on ``folds`` time blocks scored out of fold (:mod:`foreshock.models.folds`).
+    The trees see a ``negative_rate`` share of the negatives far from any failure, weighted
+    (:func:`thin_far_negatives`)."""
     names = data.feature_names
     for name, part in (("train", train), ("val", val)):
         if part["label"].sum() == 0:
             raise ValueError(f"the {name} period holds no failure: use more nodes or days, or a higher rate")
-    rows = _subsample(censor_before_failures(train, censor_ms), negatives_per_positive, seed)
+    rows = booster_rows(train, censor_ms=censor_ms, negatives_per_positive=negatives_per_positive,
+                        negative_rate=negative_rate, seed=seed)
     logistic = _fit_logistic(train, names, seed)
     params = {
         **DEFAULT_PARAMS,
-        "min_child_samples": min_leaf_rows(len(rows)),
+        "min_child_samples": min_leaf_rows(_represented(rows)),
         "monotone_constraints": monotone_directions(names),
         "random_state": seed,
         **(params or {}),
@@ -434,7 +577,7 @@ def fit(
         return fold_scores(
             fold_train, block, names, params, rounds=booster.current_iteration(), prior_weight=weight,
             negatives_per_positive=negatives_per_positive, censor_ms=censor_ms, seed=seed,
-            dask_address=dask_address,
+            dask_address=dask_address, negative_rate=negative_rate,
         )
 
     scored = out_of_fold(
@@ -451,7 +594,7 @@ def fit(
               **selection["model"].to_json()}
     model = unthresholded.with_threshold(thresholds["model"], baselines=baselines, source=source)
     summaries = [f.summary(thresholds) for f in scored]
-    return Fitted(model, logistic, selection, summaries, candidates, params, len(rows))
+    return Fitted(model, logistic, selection, summaries, candidates, params, len(rows), _represented(rows))
 
 
 def _fit_logistic(train: pd.DataFrame, names: list[str], seed: int) -> LogisticBaseline:
@@ -472,15 +615,18 @@ def fold_scores(
     censor_ms: int,
     seed: int,
     dask_address: str | None = None,
+    negative_rate: float = 1.0,
 ) -> dict[str, np.ndarray]:
     """A fold's models (:mod:`foreshock.models.folds`): the recipe on ``train`` with the model's own
     choices (``rounds`` trees, ``prior_weight``), its margin Platt-calibrated on ``block``; every
     predictor's scores on ``block``, in its row order."""
     logistic = _fit_logistic(train, names, seed)
-    rows = _subsample(censor_before_failures(train, censor_ms), negatives_per_positive, seed)
+    rows = booster_rows(train, censor_ms=censor_ms, negatives_per_positive=negatives_per_positive,
+                        negative_rate=negative_rate, seed=seed)
     init = (prior_weight * logistic.frame_log_odds(rows), None) if prior_weight > 0 else None
+    weight = rows[WEIGHT].to_numpy() if WEIGHT in rows else None
     booster = fit_booster(rows[names], rows["label"].to_numpy(), None, None, params, dask_address,
-                          init=init, rounds=rounds)
+                          init=init, rounds=rounds, weight=weight)
 
     def as_model(calibration: tuple[float, float]) -> RiskModel:
         return RiskModel(booster, feature_names=names, feature_set_hash="fold", threshold=1.0,
@@ -514,6 +660,7 @@ def training_metrics(
     censor_ms: int,
     clear_ms: int,
     distributed: bool,
+    negative_rate: float = 1.0,
 ) -> dict[str, Any]:
     """``metrics.json``: each predictor's figures on test (``by_split``: the other parts), and
     ``_info``: what was trained on and how."""
@@ -542,6 +689,12 @@ def training_metrics(
         "dataset_fingerprint": data.fingerprint,
         "rows": rows_per_part,
         "train_rows_used": fitted.train_rows_used,
+        "negative_subsampling": {  # thin_far_negatives: the trees' rows and what they stand for
+            "rate": negative_rate,
+            "weight": 1.0 / negative_rate,
+            "far_from_failure_ms": FAR_FROM_FAILURE_MS,
+            "train_rows_represented": fitted.train_rows_represented,
+        },
         "censor_ms": censor_ms,
         "alert_clear_ms": clear_ms,
         "prior_weight": fitted.model.prior_weight,
@@ -591,6 +744,7 @@ def train_on(
     prior_weight: float = PRIOR_WEIGHT,
     folds: int = FOLDS,
     budget_confidence: float = BUDGET_CONFIDENCE,
+    negative_rate: float = 1.0,
 ) -> tuple[RiskModel, dict[str, Any], dict[str, tuple[EvalRows, dict]]]:
     """Split, :func:`fit`, score every part and assemble the metrics. Returns the model (its
     ``metrics`` holding :func:`model_card`), the metrics (``metrics.json`` content) and, per
@@ -613,6 +767,7 @@ def train_on(
         prior_weight=prior_weight,
         folds=folds,
         budget_confidence=budget_confidence,
+        negative_rate=negative_rate,
     )
     evaluated = score_parts(fitted, parts, data.cadence_ms, clear_ms)
     metrics = training_metrics(
@@ -625,6 +780,7 @@ def train_on(
         censor_ms=censor_ms,
         clear_ms=clear_ms,
         distributed=dask_address is not None,
+        negative_rate=negative_rate,
     )
     fitted.model.metrics = model_card(metrics)
     return fitted.model, metrics, evaluated
@@ -649,12 +805,20 @@ def train_from_dataset(
     prior_weight: float = PRIOR_WEIGHT,
     folds: int = FOLDS,
     budget_confidence: float = BUDGET_CONFIDENCE,
+    table: str | Path | None = None,
+    negative_rate: float = 1.0,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> RiskModel:
     """Train on a dataset folder; write ``out_dir/model/``, ``metrics.json``, ``report.md`` and
     plots; log the run to MLflow and register the model (unless ``register=False``).
 
+    The features come from ``features`` (a frame), the feature table ``table`` (``foreshock
+    features`` wrote it from this dataset) or the dataset's feature cache
+    (:func:`foreshock.models.frame.feature_table`). With ``dask_address`` and a table or the
+    cache, the trees grow through ``lightgbm.dask`` on rows the workers read from the table.
     ``tracking_uri`` defaults to the embedded store ``sqlite:///<data_dir>/mlflow.db``. The returned
-    model's ``version`` is its registry version when registered.
+    model's ``version`` is its registry version when registered. ``progress(label, done, total)``
+    hears of the features, each tree model fitted, and the outputs.
     """
     out_dir = Path(out_dir)
     data = build_labelled(
@@ -664,19 +828,25 @@ def train_from_dataset(
         feature_set=feature_set,
         features=features,
         dask_address=dask_address,
+        table=table,
+        progress=progress,
     )
-    model, metrics, evaluated = train_on(
-        data,
-        budget_per_1000_node_days=budget_per_1000_node_days,
-        params=params,
-        dask_address=dask_address,
-        seed=seed,
-        censor_ms=censor_ms,
-        clear_ms=clear_ms,
-        prior_weight=prior_weight,
-        folds=folds,
-        budget_confidence=budget_confidence,
-    )
+    if dask_address is not None and data.table is not None:
+        dask_address = TableOnDask(dask_address, data, data_dir)
+    with _counting_boosters(progress, (2 if prior_weight > 0 else 1) + max(0, folds - 1)):
+        model, metrics, evaluated = train_on(
+            data,
+            budget_per_1000_node_days=budget_per_1000_node_days,
+            params=params,
+            dask_address=dask_address,
+            seed=seed,
+            censor_ms=censor_ms,
+            clear_ms=clear_ms,
+            prior_weight=prior_weight,
+            folds=folds,
+            budget_confidence=budget_confidence,
+            negative_rate=negative_rate,
+        )
     if register:
         from foreshock.models.registry import log_and_register, sqlite_uri
 

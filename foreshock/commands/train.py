@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -10,6 +12,22 @@ import typer
 from foreshock.commands.durations import option_ms, parse_duration
 
 _TRACKING_HELP = "MLflow tracking URI (default: sqlite:///<data dir>/mlflow.db)"
+_FEATURES_HELP = (
+    "feature table folder (foreshock features --out) computed from --data; default: the dataset's "
+    "feature cache (<data dir>/feature-cache/), computed on first use"
+)
+
+
+@contextmanager
+def _table_errors() -> Iterator[None]:
+    """A feature table that does not match, or is not one, is a usage error (exit 2) that says why."""
+    from foreshock.features.table import FeatureTableError
+
+    try:
+        yield
+    except FeatureTableError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _minutes(text: str) -> int:
@@ -31,7 +49,10 @@ def register(app: typer.Typer) -> None:
             None, "--tracking-uri", envvar="FORESHOCK_TRACKING_URI", help=_TRACKING_HELP
         ),
         dask: str = typer.Option(
-            None, "--dask", help="Dask scheduler address: features and lightgbm.dask training run there"
+            None,
+            "--dask",
+            help="Dask scheduler address: features (when not cached) and lightgbm.dask training run there, "
+            "the workers reading the feature table themselves (it must be on a filesystem they share)",
         ),
         cadence: str = typer.Option("60s", "--cadence", help="feature row cadence"),
         budget: float = typer.Option(1.0, "--budget", help="false alarms allowed per 1,000 node-days"),
@@ -64,28 +85,46 @@ def register(app: typer.Typer) -> None:
         ),
         no_register: bool = typer.Option(False, "--no-register", help="skip MLflow logging and registration"),
         seed: int = typer.Option(0, "--seed", help="seed of subsampling and LightGBM: same seed, same model"),
+        features: Path = typer.Option(
+            None, "--features", exists=True, file_okay=False, help=_FEATURES_HELP
+        ),
+        negative_rate: float = typer.Option(
+            1.0,
+            "--negative-rate",
+            min=0.0,
+            max=1.0,
+            help="the trees see this share of the negatives far from any failure (a day or more from a "
+            "failure or a repair), each weighted by its inverse; the rest of the rows are all kept (1: all)",
+        ),
     ) -> None:
         """Train the LightGBM risk model and its baselines; print model vs baselines."""
+        from foreshock.commands.progress import progress_bars
         from foreshock.models.registry import sqlite_uri
         from foreshock.models.report import print_table
         from foreshock.models.train import train_from_dataset
 
-        model = train_from_dataset(
-            data,
-            out,
-            horizon_minutes=_minutes(horizon),
-            tracking_uri=tracking_uri or sqlite_uri(data),
-            dask_address=dask,
-            register=not no_register,
-            cadence_ms=option_ms(cadence, "--cadence"),
-            budget_per_1000_node_days=budget,
-            censor_ms=option_ms(censor, "--censor"),
-            clear_ms=option_ms(alert_clear, "--alert-clear"),
-            prior_weight=prior_weight,
-            folds=folds,
-            budget_confidence=budget_confidence,
-            seed=seed,
-        )
+        if negative_rate <= 0:
+            raise typer.BadParameter("must be above 0", param_hint="--negative-rate")
+        with _table_errors(), progress_bars() as progress:
+            model = train_from_dataset(
+                data,
+                out,
+                horizon_minutes=_minutes(horizon),
+                tracking_uri=tracking_uri or sqlite_uri(data),
+                dask_address=dask,
+                register=not no_register,
+                cadence_ms=option_ms(cadence, "--cadence"),
+                budget_per_1000_node_days=budget,
+                censor_ms=option_ms(censor, "--censor"),
+                clear_ms=option_ms(alert_clear, "--alert-clear"),
+                prior_weight=prior_weight,
+                folds=folds,
+                budget_confidence=budget_confidence,
+                seed=seed,
+                table=features,
+                negative_rate=negative_rate,
+                progress=progress,
+            )
         print_table(json.loads((out / "metrics.json").read_text()))
         where = f"registered as foreshock-risk version {model.version}" if model.version else "not registered"
         typer.echo(f"model written to {out / 'model'} ({where}); report: {out / 'report.md'}")
@@ -106,12 +145,19 @@ def register(app: typer.Typer) -> None:
         tracking_uri: str = typer.Option(
             None, "--tracking-uri", envvar="FORESHOCK_TRACKING_URI", help=_TRACKING_HELP
         ),
-        dask: str = typer.Option(None, "--dask", help="Dask scheduler address: compute features there"),
+        dask: str = typer.Option(
+            None, "--dask", help="Dask scheduler address: compute features there (when not cached)"
+        ),
         cadence: str = typer.Option(
             None, "--cadence", help="feature row cadence (default: the one the model was trained at)"
         ),
+        features: list[Path] = typer.Option(
+            None, "--features", exists=True, file_okay=False,
+            help=_FEATURES_HELP + "; repeat it, once per --data and in the same order",
+        ),
     ) -> None:
         """Evaluate a trained model and its baselines on another dataset (or a pool of them)."""
+        from foreshock.commands.progress import progress_bars
         from foreshock.models.artifact import RiskModel
         from foreshock.models.evaluate import evaluate as run_evaluation
         from foreshock.models.registry import sqlite_uri
@@ -119,6 +165,10 @@ def register(app: typer.Typer) -> None:
 
         risk_model = RiskModel.load(model, tracking_uri=tracking_uri or sqlite_uri(data[0]))
         cadence_ms = option_ms(cadence, "--cadence") if cadence else None
-        metrics = run_evaluation(risk_model, data, out, dask_address=dask, cadence_ms=cadence_ms)
+        with _table_errors(), progress_bars() as progress:
+            metrics = run_evaluation(
+                risk_model, data, out, dask_address=dask, cadence_ms=cadence_ms, tables=features or None,
+                progress=progress,
+            )
         print_table(metrics)
         typer.echo(f"report: {out / 'report.md'}")

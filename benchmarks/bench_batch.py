@@ -1,0 +1,359 @@
+"""Batch training at scale: simulate, features, train and evaluate, with nodes and days varied separately.
+
+Each stage runs as ``foreshock`` does, in a fresh process pinned to one core, from a dataset the
+llama3 profile simulates at 60 s with ``--rate-multiplier 60``: ``features --out TABLE``, then
+``train --features TABLE`` and ``evaluate --features TABLE``. For every size and stage it prints
+wall time, peak RSS (the process's high-water mark) and rows; for each series (nodes varied at
+fixed days, days varied at fixed nodes) the growth exponents of time and peak RSS against rows
+(1 = linear, 0 = flat). Two same-run ratios:
+
+- ``train`` against bare ``lightgbm.train``: the time ``train`` spends inside ``lightgbm.train``
+  (every tree model it fits, on the same rows, Dataset construction included), measured in the
+  same process;
+- ``features`` end to end (GPU samples per second of the whole command, reading and writing
+  included) against the batch kernel: ``compute_features`` on frames already in memory, both on
+  the dataset itself (its first 32 nodes, every day) and on ``bench_features``' synthetic
+  telemetry (48 nodes x 6 h at 30 s), measured in this run.
+
+With ``--subsampling`` it also trains with ``--negative-rate 0.1`` at the largest size and
+evaluates both models on a held-out dataset (another seed), against the stated tolerances.
+
+    .venv/bin/python benchmarks/bench_batch.py            # 32-128 nodes, 1-4 days: ~15 minutes
+    .venv/bin/python benchmarks/bench_batch.py --quick    # smoke run
+    .venv/bin/python benchmarks/bench_batch.py --full     # 2,048 nodes x 30 days: hours, the whole machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SIZES = {"nodes": [(32, 2), (64, 2), (128, 2)], "days": [(64, 1), (64, 2), (64, 4)]}
+QUICK = {"nodes": [(16, 1), (32, 1)], "days": [(16, 1), (16, 2)]}
+FULL = {"full": [(2048, 30)]}
+SIMULATE = ["--profile", "llama3", "--interval", "60s"]
+RATE = 60  # failure rate multiplier (--quick: 300, so that a day of 16 nodes fails in every period)
+KERNEL_NODES = 32
+# --subsampling: the subsampled model's figures on the held-out dataset stay within these of the
+# model trained on every row (absolute differences; false alarms per 1,000 node-days, lead in min)
+TOLERANCES = {
+    "pr_auc": 0.05,
+    "recall_at_budget": 0.10,
+    "false_alarms_per_1000_node_days": 1.0,
+    "median_lead_minutes": 10.0,
+}
+SUBSAMPLE_RATE = 0.1
+
+
+def _one_core() -> None:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+
+
+def run_stage(name: str, argv: list[str], workdir: Path) -> dict[str, Any]:
+    """Run one ``foreshock`` command in a fresh process on one core: wall seconds, peak RSS (bytes),
+    and what the stage measured of itself (``lightgbm.train`` seconds for train)."""
+    report = workdir / f".stage-{name}-{time.monotonic_ns()}.json"
+    cmd = [sys.executable, __file__, "--stage", str(report), "--", *argv]
+    log = report.with_suffix(".log")
+    start = time.perf_counter()
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, preexec_fn=_one_core, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status):
+        raise RuntimeError(f"{name} failed: {log.read_text()[-2000:]}")
+    own = json.loads(report.read_text()) if report.exists() else {}
+    return {"seconds": seconds, "peak_rss": usage.ru_maxrss * 1024, **own}
+
+
+def _stage_main(report: str, argv: list[str]) -> None:
+    """The child side of :func:`run_stage`: time ``lightgbm.train``, then run the command."""
+    import lightgbm
+
+    spent = {"lightgbm_train_seconds": 0.0, "lightgbm_train_calls": 0}
+    bare = lightgbm.train
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return bare(*args, **kwargs)
+        finally:
+            spent["lightgbm_train_seconds"] += time.perf_counter() - start
+            spent["lightgbm_train_calls"] += 1
+
+    lightgbm.train = timed
+    from foreshock.cli import app
+
+    try:
+        app(argv, standalone_mode=False)
+    finally:
+        Path(report).write_text(json.dumps(spent))
+
+
+def measure_size(nodes: int, days: int, workdir: Path, seed: int = 1, rate: float = RATE) -> dict[str, Any]:
+    """simulate, features, train, evaluate at one size."""
+    from foreshock.features.table import FeatureTable
+    from foreshock.features.timeslices import gpu_rows
+
+    base = workdir / f"{nodes}x{days}-s{seed}"
+    data, table, model, evaluation = (base / p for p in ("data", "table", "model", "evaluation"))
+    out: dict[str, Any] = {"nodes": nodes, "days": days, "data": str(data)}
+    out["simulate"] = run_stage(
+        "simulate",
+        [
+            "simulate",
+            *SIMULATE,
+            "--rate-multiplier",
+            str(rate),
+            "--nodes",
+            str(nodes),
+            "--days",
+            str(days),
+            "--seed",
+            str(seed),
+            "--out",
+            str(data),
+            "--overwrite",
+        ],
+        workdir,
+    )
+    out["simulate"]["rows"] = out["gpu_samples"] = gpu_rows(data)
+    out["features"] = run_stage(
+        "features", ["features", "--data", str(data), "--out", str(table), "--overwrite"], workdir
+    )
+    out["features"]["rows"] = FeatureTable.open(table).rows
+    out["train"] = run_stage(
+        "train",
+        ["train", "--data", str(data), "--out", str(model), "--features", str(table), "--no-register"],
+        workdir,
+    )
+    metrics = json.loads((model / "metrics.json").read_text())
+    out["train"]["rows"] = sum(v for k, v in metrics["_info"]["rows"].items() if k != "test_unseen_nodes")
+    out["evaluate"] = run_stage(
+        "evaluate",
+        [
+            "evaluate",
+            "--model",
+            str(model),
+            "--data",
+            str(data),
+            "--out",
+            str(evaluation),
+            "--features",
+            str(table),
+        ],
+        workdir,
+    )
+    out["evaluate"]["rows"] = json.loads((evaluation / "metrics.json").read_text())["model"]["rows"]
+    return out
+
+
+def kernel_on_dataset(data: str, nodes: int = KERNEL_NODES) -> float:
+    """GPU samples per second of ``compute_features`` on frames in memory: the dataset's first
+    ``nodes`` nodes, every day (best of two)."""
+    import pyarrow.parquet as pq
+
+    from foreshock.features import DEFAULT_FEATURE_SET
+    from foreshock.features.batch import compute_features, read_frames
+    from foreshock.ingest.dataset import part_paths, read_events
+
+    first = pq.read_table(part_paths(data, "gpu")[0], columns=["node"]).column("node").unique().to_pylist()
+    chosen = sorted(map(str, first))[:nodes]
+    frames = read_frames(data, DEFAULT_FEATURE_SET, chosen)
+    events = read_events(data)
+    best = math.inf
+    for _ in range(2):
+        start = time.perf_counter()
+        compute_features(**frames, events=events[events["node"].isin(chosen)])
+        best = min(best, time.perf_counter() - start)
+    return len(frames["gpu"]) / best
+
+
+def kernel_of_bench_features(quick: bool) -> float:
+    """``bench_features``' batch figure: GPU samples per second on its synthetic telemetry."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_features", Path(__file__).with_name("bench_features.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    r = module.bench_batch(8, 2.0, 1) if quick else module.bench_batch(48, 6.0, 3)
+    return r["gpu_samples"] / r["full_s"]
+
+
+def exponent(a: dict[str, Any], b: dict[str, Any], stage: str, key: str) -> float:
+    """Growth exponent of ``key`` against the stage's rows from size ``a`` to size ``b``."""
+    ra, rb = a[stage]["rows"], b[stage]["rows"]
+    return math.log(b[stage][key] / a[stage][key]) / math.log(rb / ra)
+
+
+def subsampling(
+    largest: tuple[int, int], workdir: Path, results: dict[str, Any], rate: float
+) -> dict[str, Any]:
+    """Train with the far negatives thinned at the largest size and judge both models on a
+    held-out dataset of another seed."""
+    nodes, days = largest
+    held = measure_size(nodes, days, workdir, seed=2, rate=rate)  # a held-out dataset (and its own table)
+    base = Path(results["data"]).parent
+    thinned = base / "model-thinned"
+    run_stage(
+        "train-thinned",
+        [
+            "train",
+            "--data",
+            results["data"],
+            "--out",
+            str(thinned),
+            "--features",
+            str(base / "table"),
+            "--no-register",
+            "--negative-rate",
+            str(SUBSAMPLE_RATE),
+        ],
+        workdir,
+    )
+    figures = {}
+    for name, model in (("every row", base / "model"), ("thinned", thinned)):
+        out = workdir / f"held-{name.replace(' ', '-')}"
+        run_stage(
+            "evaluate",
+            [
+                "evaluate",
+                "--model",
+                str(model),
+                "--data",
+                held["data"],
+                "--out",
+                str(out),
+                "--features",
+                str(Path(held["data"]).parent / "table"),
+            ],
+            workdir,
+        )
+        m = json.loads((out / "metrics.json").read_text())["model"]
+        figures[name] = {k: m.get(k) for k in TOLERANCES}
+    info = json.loads((thinned / "metrics.json").read_text())["_info"]
+    return {
+        "figures": figures,
+        "rows_used": info["train_rows_used"],
+        "rows_represented": info["negative_subsampling"]["train_rows_represented"],
+    }
+
+
+def _fmt_stage(s: dict[str, Any]) -> str:
+    return f"{s['seconds']:.1f} s / {s['peak_rss'] / 2**30:.2f} GiB"
+
+
+def report(
+    series: dict[str, list[dict[str, Any]]], kernels: dict[str, float], sub: dict[str, Any] | None
+) -> None:
+    print("| nodes x days | GPU samples | feature rows | simulate | features | train | evaluate |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    seen = set()
+    for runs in series.values():
+        for r in runs:
+            if (r["nodes"], r["days"]) in seen:
+                continue
+            seen.add((r["nodes"], r["days"]))
+            rows = f"{r['gpu_samples'] / 1e6:.2f} M | {r['features']['rows'] / 1e6:.3f} M"
+            stages = " | ".join(_fmt_stage(r[st]) for st in ("simulate", "features", "train", "evaluate"))
+            print(f"| {r['nodes']} x {r['days']} | {rows} | {stages} |")
+    for name, runs in series.items():
+        if len(runs) < 2:
+            continue
+        a, b = runs[0], runs[-1]
+        parts = [
+            f"{st} time {exponent(a, b, st, 'seconds'):.2f}, RSS {exponent(a, b, st, 'peak_rss'):.2f}"
+            for st in ("simulate", "features", "train", "evaluate")
+        ]
+        print(
+            f"growth exponents, {name} varied ({a['nodes']}x{a['days']} -> {b['nodes']}x{b['days']}): "
+            + "; ".join(parts)
+        )
+    print()
+    for r in (runs[-1] for runs in series.values()):
+        t = r["train"]
+        lgb_s, rate = t["lightgbm_train_seconds"], r["gpu_samples"] / r["features"]["seconds"]
+        print(
+            f"{r['nodes']} x {r['days']}: train {t['seconds']:.1f} s, of which lightgbm.train {lgb_s:.1f} s "
+            f"({t['lightgbm_train_calls']} calls): {t['seconds'] / lgb_s:.2f}x bare LightGBM (target <= 1.5)"
+        )
+        print(
+            f"{r['nodes']} x {r['days']}: features end to end {rate:,.0f} GPU samples/s = "
+            f"{rate / kernels['dataset']:.2f} of the kernel on this dataset ({kernels['dataset']:,.0f}/s), "
+            f"{rate / kernels['bench_features']:.2f} of bench_features' ({kernels['bench_features']:,.0f}/s) "
+            "(target >= 0.5)"
+        )
+    if sub is not None:
+        print()
+        print(
+            f"subsampling (--negative-rate {SUBSAMPLE_RATE}): {sub['rows_used']:,} training rows "
+            f"standing for {sub['rows_represented']:,}; on the held-out dataset:"
+        )
+        every, thin = sub["figures"]["every row"], sub["figures"]["thinned"]
+        for k, tol in TOLERANCES.items():
+            a, b = every[k], thin[k]
+            within = a is not None and b is not None and abs(a - b) <= tol
+            print(f"  {k}: every row {a}, thinned {b} (tolerance {tol}: {'within' if within else 'OUTSIDE'})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument(
+        "--full", action="store_true", help="2,048 nodes x 30 days (hours; the whole machine)"
+    )
+    parser.add_argument(
+        "--subsampling", action="store_true", help="also check --negative-rate on held-out data"
+    )
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where datasets go (default: a temporary folder)"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    args = parser.parse_args()
+    sizes = FULL if args.full else QUICK if args.quick else SIZES
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-batch-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"workdir {workdir}; load average {os.getloadavg()[0]:.2f}", flush=True)
+    done: dict[tuple[int, int], dict[str, Any]] = {}
+    series: dict[str, list[dict[str, Any]]] = {}
+    for name, points in sizes.items():
+        for size in points:
+            if size not in done:
+                done[size] = measure_size(*size, workdir, rate=300 if args.quick else RATE)
+                print(
+                    f"  {size[0]} x {size[1]} done: "
+                    + ", ".join(
+                        f"{st} {_fmt_stage(done[size][st])}"
+                        for st in ("simulate", "features", "train", "evaluate")
+                    ),
+                    flush=True,
+                )
+            series.setdefault(name, []).append(done[size])
+    _one_core()
+    largest = max(done, key=lambda s: s[0] * s[1])
+    kernels = {
+        "dataset": kernel_on_dataset(done[largest]["data"]),
+        "bench_features": kernel_of_bench_features(args.quick),
+    }
+    rate = 300 if args.quick else RATE
+    sub = subsampling(largest, workdir, done[largest], rate) if args.subsampling else None
+    report(series, kernels, sub)
+    if args.json:
+        args.json.write_text(json.dumps({"series": series, "kernels": kernels, "subsampling": sub}, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--stage":
+        _stage_main(sys.argv[2], sys.argv[4:])
+    else:
+        main()

@@ -1,0 +1,140 @@
+"""Training and evaluation read the feature table: ``foreshock features`` then ``train --features``
+and ``evaluate --features`` give the metrics of the features computed in memory; without the flag
+the features are computed once into the dataset's cache and reused; a table made from anything
+else is refused. Thinning the far negatives keeps every row that matters and weights the rest."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import foreshock.features.batch
+from foreshock.cli import app
+from foreshock.features import DEFAULT_FEATURE_SET as FS
+from foreshock.features.batch import compute_features
+from foreshock.models.artifact import RiskModel
+from foreshock.models.evaluate import evaluate
+from foreshock.models.frame import CACHE_DIR, build_labelled, feature_table
+from foreshock.models.train import FAR_FROM_FAILURE_MS, WEIGHT, thin_far_negatives, train_from_dataset
+from tests.fixtures.model_data import make_synthetic_cluster
+
+HOUR = 3_600_000
+
+
+def _without_time(metrics: dict) -> dict:
+    metrics = json.loads(json.dumps(metrics))
+    metrics["_info"].pop("trained_at_ms", None)
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    return make_synthetic_cluster(tmp_path_factory.mktemp("tabled"), nodes=16, days=3.0, seed=3)
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory):
+    return make_synthetic_cluster(tmp_path_factory.mktemp("tabled-other"), nodes=8, days=2.0, seed=8)
+
+
+@pytest.fixture(scope="module")
+def tables(cluster, other, tmp_path_factory):
+    out = {}
+    for name, c in (("cluster", cluster), ("other", other)):
+        path = tmp_path_factory.mktemp("tables") / name
+        result = CliRunner().invoke(app, ["features", "--data", str(c.data_dir), "--out", str(path)])
+        assert result.exit_code == 0, result.output
+        out[name] = path
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained_in_memory(cluster, tmp_path_factory):
+    """Today's path: the features computed in memory and handed to training."""
+    out = tmp_path_factory.mktemp("in-memory")
+    train_from_dataset(cluster.data_dir, out, features=compute_features(cluster.data_dir), feature_set=FS,
+                       register=False)
+    return out
+
+
+def test_train_and_evaluate_on_the_table_give_the_in_memory_metrics(
+    cluster, other, tables, trained_in_memory, tmp_path
+):
+    out = tmp_path / "from-table"
+    result = CliRunner().invoke(app, ["train", "--data", str(cluster.data_dir), "--out", str(out),
+                                      "--features", str(tables["cluster"]), "--no-register"])
+    assert result.exit_code == 0, result.output
+    want = json.loads((trained_in_memory / "metrics.json").read_text())
+    got = json.loads((out / "metrics.json").read_text())
+    assert want["model"]["positives"] > 0
+    assert _without_time(got) == _without_time(want)
+
+    model = RiskModel.load(trained_in_memory / "model")
+    labelled = build_labelled(other.data_dir, model.horizon_minutes * 60_000,
+                              features=compute_features(other.data_dir), feature_set=FS)
+    in_memory = evaluate(model, [other.data_dir], tmp_path / "eval-in-memory", data=[labelled])
+    result = CliRunner().invoke(app, ["evaluate", "--model", str(trained_in_memory), "--data",
+                                      str(other.data_dir), "--out", str(tmp_path / "eval"),
+                                      "--features", str(tables["other"])])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text()) == json.loads(json.dumps(in_memory))
+
+
+def test_without_a_table_the_features_are_computed_once_into_the_cache(other, tables, monkeypatch):
+    first = feature_table(other.data_dir)
+    assert first.path.parent.name == CACHE_DIR and first.identity.feature_set_hash == FS.hash
+    written = pd.read_parquet(tables["other"] / first.partitions[0].path)
+    pd.testing.assert_frame_equal(first.read(first.partitions[0]), written)
+
+    def recompute(*args, **kwargs):
+        raise AssertionError("the cached table was computed again")
+
+    monkeypatch.setattr(foreshock.features.batch, "write_feature_table", recompute)
+    again = feature_table(other.data_dir)
+    assert again.path == first.path and again.identity == first.identity
+
+
+def test_a_table_of_another_dataset_or_cadence_is_an_error(cluster, other, tables, tmp_path):
+    for flags, wrong in (
+        (["--features", str(tables["other"])], "dataset_fingerprint"),
+        (["--features", str(tables["cluster"]), "--cadence", "5m"], "cadence_ms is 60000, expected 300000"),
+    ):
+        out = tmp_path / wrong.split()[0]
+        result = CliRunner().invoke(app, ["train", "--data", str(cluster.data_dir), "--out", str(out),
+                                          "--no-register", *flags])
+        assert result.exit_code == 2, result.output
+        assert "does not match" in result.output and wrong in result.output
+        assert not (out / "metrics.json").exists()
+
+
+def test_thinning_keeps_what_matters_and_weights_the_far_negatives(cluster):
+    frame = build_labelled(cluster.data_dir, HOUR, features=cluster.features).frame
+    thinned = thin_far_negatives(frame, 0.25, seed=4)
+    ahead = (frame["failure_ts"].astype("float64") - frame["ts"]).fillna(np.inf)
+    behind = (frame["ts"] - frame["returned_ts"].astype("float64")).fillna(np.inf)
+    far = (frame["label"] == 0) & (ahead > FAR_FROM_FAILURE_MS) & (behind > FAR_FROM_FAILURE_MS)
+    assert far.sum() > 5_000 and (~far).sum() > 5_000
+    kept_far = thinned.index.isin(frame.index[far])
+    assert set(frame.index[~far]) <= set(thinned.index)  # positives and the hours around failures
+    assert thinned.loc[~kept_far, WEIGHT].eq(1.0).all() and thinned.loc[kept_far, WEIGHT].eq(4.0).all()
+    assert kept_far.sum() == pytest.approx(0.25 * far.sum(), rel=0.1)
+    # the same rows are kept whatever else the frame holds (fold models, Dask workers)
+    half = frame.iloc[: len(frame) // 2]
+    in_half = [i for i in thinned.index if i in half.index]
+    assert thin_far_negatives(half, 0.25, seed=4).index.tolist() == in_half
+    assert thin_far_negatives(frame, 0.25, seed=5).index.tolist() != thinned.index.tolist()
+    assert thin_far_negatives(frame, 1.0, seed=4) is frame
+
+
+def test_training_states_its_subsampling(cluster, tmp_path):
+    train_from_dataset(cluster.data_dir, tmp_path, features=cluster.features, register=False,
+                       negative_rate=0.25, folds=1)
+    info = json.loads((tmp_path / "metrics.json").read_text())["_info"]
+    thinning = info["negative_subsampling"]
+    assert thinning["rate"] == 0.25 and thinning["weight"] == 4.0
+    assert thinning["far_from_failure_ms"] == FAR_FROM_FAILURE_MS
+    assert info["train_rows_used"] < thinning["train_rows_represented"] <= info["rows"]["train"]
