@@ -29,7 +29,7 @@ from foreshock.mitigator.plan import NodeView, action_id
 from foreshock.models.reliability import SECONDS_PER_DAY, BurnIn
 
 __all__ = ["BURN_IN_TAG", "FAULTS_KEPT", "ENTERS", "burn_in_id", "is_burn_in", "after_fault", "with_fault",
-           "due", "started", "reason", "failures_within"]
+           "due", "started", "reason", "failures_within", "span"]
 
 BURN_IN_TAG: Final = "burn-in"
 """Where a job's name goes in the ids of a burn-in's drain and undrain (``drain:N:burn-in:TS``)."""
@@ -41,8 +41,8 @@ ENTERS: Final = frozenset({NodeState.HEALTHY, NodeState.WATCH, NodeState.MITIGAT
 
 
 def burn_in_id(kind: str, node: str, ts: int) -> str:
-    """Id of a burn-in's drain (``ts``: the failure it follows) or undrain (``ts``: its start, or
-    the operator's request)."""
+    """Id of a burn-in's drain or undrain; ``ts`` is when the burn-in began (the node's return), or
+    the operator's request for an undrain that clears it. A restart reads the start back from it."""
     return action_id(kind, node, BURN_IN_TAG, ts)  # type: ignore[arg-type]
 
 
@@ -83,12 +83,28 @@ def due(view: NodeView, rule: BurnIn | None) -> bool:
 
 
 def started(view: NodeView, since: int, fault: int) -> NodeView:
-    """The view of a node whose burn-in (following its failure at ``fault``) began at ``since``."""
+    """The view of a node whose burn-in (following its failure at ``fault``) began at ``since``
+    (its return, or the mitigator's clock when the return is dated later)."""
     return replace(view, state=NodeState.BURN_IN, burn_in_since=since, burned=fault, hot=0, cool=0,
                    trigger_ts=0, draining=False)
 
 
+def span(seconds: float) -> str:
+    """A length as people write it in a reason: ``48 h``, ``90 min``, ``40 s``, ``30 d``.
+
+    >>> span(172800), span(5400), span(40), span(30 * 86400)
+    ('48 h', '90 min', '40 s', '30 d')
+    """
+    if seconds >= SECONDS_PER_DAY * 7 and seconds % SECONDS_PER_DAY == 0:
+        return f"{seconds / SECONDS_PER_DAY:g} d"
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
 def reason(view: NodeView, rule: BurnIn) -> str:
     """The burn-in drain's reason (the Slurm drain reason too)."""
-    return (f"foreshock: burn-in: {failures_within(view, rule)} failures within "
-            f"{rule.window_s / SECONDS_PER_DAY:g} d; back after {rule.length_s / 3600:g} h without a fault")
+    return (f"foreshock: burn-in: {failures_within(view, rule)} failures within {span(rule.window_s)}; "
+            f"back after {span(rule.length_s)} without a fault")

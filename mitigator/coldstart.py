@@ -8,9 +8,10 @@ module recovers the same way at start-up. Two sources:
 
 * **the audit log** (the mitigator's own record; in ``--dry-run`` its dry-run rows, so a dry run
   restarts into the state it would have had): each node's view follows from its actions' rows in
-  order, the window holds the drains planned within it (by the mitigator's clock), the breaker is
-  open when its last row is ``tripped``, a node's failures are its ``fault`` rows and its drains, a
-  burn-in runs from its drain's ``planned`` row. An action whose last row says it had not ended is
+  order, the window holds the drains planned within it (by the mitigator's clock; a burn-in's
+  excepted), the breaker is open when its last row is ``tripped``, a node's failures are its
+  ``fault`` rows and its drains, a burn-in runs from the start its drain's id names. An action whose
+  last row says it had not ended is
   closed as ``abandoned`` and queued again under the same id, so the executor drives it to its end —
   a drain is idempotent, and a hook acts on a command id once;
 * **the scheduler's actual state**, compared with that by the rules of
@@ -106,9 +107,9 @@ def _apply(view: NodeView, e: MitigationEvent, dry_run: bool) -> NodeView:
     if e.action == "fault":
         return burnin.after_fault(view, e.ts) or view
     if e.action == "drain" and burnin.is_burn_in(e.action_id):
-        fault = trigger_of(e.action_id)
+        fault = view.faults[-1] if view.faults else 0
         if e.status == "planned" and not (view.state is NodeState.BURN_IN and view.burned == fault):
-            return burnin.started(view, e.ts, fault)
+            return burnin.started(view, trigger_of(e.action_id), fault)
         if final_failure and e.reason.startswith("permanent"):
             return replace(view, unmanageable=True)
         return view

@@ -166,11 +166,11 @@ class MitigationEngine:
         current = self.views.get(node, NodeView())
         rule = self.config.burn_in
         if rule is not None and burnin.due(current, rule):
-            fault = current.faults[-1]
+            since = min(ts, self.clock())  # from the return; never from a time still to come
             self._release(node)
-            drain = Action(burnin.burn_in_id("drain", node, fault), "drain", node, None,
+            drain = Action(burnin.burn_in_id("drain", node, since), "drain", node, None,
                            burnin.reason(current, rule))
-            plan = Plan(node, burnin.started(current, self.clock(), fault), (drain,))
+            plan = Plan(node, burnin.started(current, since, current.faults[-1]), (drain,))
             self._accept(plan, current)
             return plan
         if event != "repaired" or current.state is not NodeState.DRAINED:
@@ -198,10 +198,10 @@ class MitigationEngine:
 
     def pass_burn_in(self, node: str) -> Plan:
         """End a burn-in that lasted its length: undrain the node (healthy once that holds)."""
-        current = self.views[node]
-        hours = (self.clock() - current.burn_in_since) / 3_600_000
-        return self._end_burn_in(node, burnin.burn_in_id("undrain", node, current.burn_in_since),
-                                 f"foreshock: burn-in passed: {hours:.3g} h back without a fault")
+        current, rule = self.views[node], self.config.burn_in
+        why = "foreshock: burn-in ended: no burn-in configured" if rule is None else \
+            f"foreshock: burn-in passed: {burnin.span(rule.length_s)} back without a fault"
+        return self._end_burn_in(node, burnin.burn_in_id("undrain", node, current.burn_in_since), why)
 
     def clear_burn_in(self, node: str, ts: int, reason: str) -> Plan | None:
         """An operator's clear of ``node``'s burn-in (None when it is in none): undrain it now."""
