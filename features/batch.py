@@ -37,11 +37,13 @@ from numpy.lib.stride_tricks import sliding_window_view
 from foreshock.features.buckets import BucketTable, Carry, bucketize
 from foreshock.features.default_set import DEFAULT_FEATURE_SET
 from foreshock.features.frames import KINDS, Codes, needed_columns, to_columns
+from foreshock.features.history import EventLog, history_events, lifecycle_events
 from foreshock.features.kernels import (
     AGGREGATIONS,
     EXACT_STAT_KINDS,
     add_peer_features,
     empty_value,
+    history_values,
     reduce_direct,
 )
 from foreshock.features.returns import return_times, window_floors
@@ -53,6 +55,7 @@ from foreshock.ingest.dataset import part_paths, read_events, read_manifest
 
 __all__ = ["Progress", "compute_features", "write_feature_table", "peer_group", "tick_range", "read_frames"]
 
+_NO_EVENTS: Final = pd.DataFrame({"node": [], "ts": [], "event": []})
 _GRID_BYTES: Final = 128 * 2**20
 _WINDOW_BYTES: Final = 32 * 2**20
 _PASS_BYTES: Final = 1536 * 2**20
@@ -210,8 +213,9 @@ def _reduce_full(r: Reduction, grids: dict[Any, _Grid], w: int, ends: np.ndarray
 
 
 def _longest(fs: FeatureSet) -> int:
-    """Buckets of the longest window (the live window included)."""
-    return max([f.window_ms for f in fs.features] + [fs.live_ms]) // fs.bucket_ms
+    """Buckets of the longest telemetry window (the live window included; history features read
+    events, not buckets)."""
+    return max([f.window_ms for _, f, _, _ in fs.plan] + [fs.live_ms]) // fs.bucket_ms
 
 
 def _rows(
@@ -220,8 +224,9 @@ def _rows(
     """Base features (no peers) at ``ticks`` of the nodes ``names`` (``table.node`` indexes them),
     from their bucket statistics; buckets before the first tick's longest window are not read.
 
-    ``returns`` (``node``, ``ts``: :func:`foreshock.features.returns.return_times`) start windows afresh
-    when ``fs.reset_on_return``; returns of other nodes are ignored."""
+    ``returns`` (``node``, ``ts``, ``event``: :func:`foreshock.features.history.lifecycle_events`):
+    its returns start windows afresh when ``fs.reset_on_return``, and the history features read
+    its events; those of other nodes are ignored."""
     if not len(names) or not len(ticks) or not len(table.node):
         return pd.DataFrame(columns=["node", "ts", *[f.name for f in fs.features]])
     b = fs.bucket_ms
@@ -236,19 +241,25 @@ def _rows(
         grids[s] = _Grid(x)
     ends = (ticks // b - b_lo).astype(np.int64)
     floor = None
-    if fs.reset_on_return and returns is not None:
-        index = {n: i for i, n in enumerate(names)}
-        mine = returns[returns["node"].isin(index)]
-        if len(mine):
-            at = np.array([index[n] for n in mine["node"]], dtype=np.int64)
-            floor = window_floors(at, mine["ts"].to_numpy(np.int64), len(names), ticks, b) - b_lo
+    index = {n: i for i, n in enumerate(names)}
+    mine = returns[returns["node"].isin(index)] if returns is not None else None
+    if fs.reset_on_return and mine is not None:
+        back = return_times(mine)
+        if len(back):
+            at = np.array([index[n] for n in back["node"]], dtype=np.int64)
+            floor = window_floors(at, back["ts"].to_numpy(np.int64), len(names), ticks, b) - b_lo
     t = np.broadcast_to(ticks.astype(np.float64), (len(names), len(ticks)))
     live = _reduce(Reduction("sum", fs.records_stat), grids, fs.live_ms // b, ends, floor) > 0
     values = np.empty((int(live.sum()), len(fs.features)))
-    for j, (f, w, reductions) in enumerate(fs.plan):
+    for j, f, w, reductions in fs.plan:
         reduced = [_reduce(r, grids, w, ends, floor) for r in reductions]
         values[:, j] = AGGREGATIONS[f.agg].finalize(reduced, f, t, b)[live]
     node_idx, tick_idx = np.nonzero(live)
+    if fs.history_plan:
+        events = history_events(mine) if mine is not None else history_events(_NO_EVENTS)
+        at = np.array([index[n] for n in events["node"]], dtype=np.int64)
+        log = EventLog.of(at, events["field"], events["ts"])
+        values[:, [j for j, _ in fs.history_plan]] = history_values(fs, log, node_idx, ticks[tick_idx])
     out = pd.DataFrame(values, columns=[f.name for f in fs.features])
     out.insert(0, "node", np.asarray(names, dtype=object)[node_idx])
     out.insert(1, "ts", ticks[tick_idx])
@@ -615,7 +626,8 @@ def _write_on_dask(
 
 
 def _returns(data_dir: str | Path | None, events: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The return events of ``events``, or of the dataset's node-event table."""
+    """The node events the features read (:func:`foreshock.features.history.lifecycle_events`) of
+    ``events``, or of the dataset's node-event table."""
     if events is None and data_dir is not None:
         events = read_events(data_dir)
-    return return_times(events) if events is not None else None
+    return lifecycle_events(events) if events is not None else None

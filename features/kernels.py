@@ -10,6 +10,10 @@ same numbers on the same records.
 
 Empty buckets hold each statistic's neutral value (:func:`empty_value`): 0 for sums and counts,
 -inf for max and last_ts, +inf for min, NaN for last.
+
+A history feature (source ``node``) reads no buckets: its aggregation's ``events`` kernel reads
+the node's own events (:class:`~foreshock.features.history.EventLog`), which both engines keep,
+through :func:`history_values`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from foreshock.features.history import EventLog
 from foreshock.features.spec import Feature, FeatureSet, Reduction, Stat
 from foreshock.ingest.contract import partition_of
 
@@ -31,6 +36,7 @@ __all__ = [
     "empty_value",
     "reduce_direct",
     "add_peer_features",
+    "history_values",
     "robust_z",
     "MAD_SCALE",
     "MEAN_AD_SCALE",
@@ -48,6 +54,8 @@ def empty_value(stat: Stat) -> float:
 
 
 Finalize = Callable[[Sequence[np.ndarray], Feature, np.ndarray, int], np.ndarray]
+EventKernel = Callable[[EventLog, int, np.ndarray, np.ndarray, int], np.ndarray]
+"""``events(log, field, row_node, row_t, window_ms)`` -> one float64 per row (NaN: no data)."""
 
 
 @dataclass(frozen=True)
@@ -56,12 +64,15 @@ class Aggregation:
 
     ``finalize(reduced, feature, t_ms, bucket_ms)`` gets the reductions' results in order,
     and the query times (epoch ms, one per row); it returns float64 with NaN for "no data".
+    ``events`` evaluates the aggregation on a history field (kind ``node_event``) instead: a row
+    at ``t`` reads its node's events of the field in ``[t - window, t)``.
     """
 
     kinds: frozenset[str]
     reductions: Callable[[Feature], tuple[Reduction, ...]]
     finalize: Finalize
     needs_threshold: bool = False
+    events: EventKernel | None = None
 
 
 def _s(f: Feature, kind: str, threshold: float | None = None) -> Stat:
@@ -96,6 +107,17 @@ def _slope(r: Sequence[np.ndarray], f: Feature, t: np.ndarray, bucket_ms: int) -
 def _since(r: Sequence[np.ndarray], f: Feature, t: np.ndarray, b: int) -> np.ndarray:
     last = r[0]
     return np.where(np.isfinite(last), (t - last) / 1000.0, np.nan)
+
+
+def _count_events(log: EventLog, field: int, node: np.ndarray, t: np.ndarray, window_ms: int) -> np.ndarray:
+    """Events of the field in ``[t - window, t)``."""
+    return (log.before(field, node, t) - log.before(field, node, t - window_ms)).astype(np.float64)
+
+
+def _since_event(log: EventLog, field: int, node: np.ndarray, t: np.ndarray, window_ms: int) -> np.ndarray:
+    """Seconds since the node's last event of the field before ``t``; NaN when none in the window."""
+    last = log.last_before(field, node, t)
+    return np.where(last >= t - window_ms, (t - last) / 1000.0, np.nan)
 
 
 _GAUGE = frozenset({"gauge", "counter"})
@@ -158,9 +180,17 @@ AGGREGATIONS: Final[dict[str, Aggregation]] = {
         needs_threshold=True,
     ),
     "count": Aggregation(
-        frozenset({"xid"}), lambda f: (Reduction("sum", _s(f, "count")),), lambda r, f, t, b: r[0]
+        frozenset({"xid", "node_event"}),
+        lambda f: (Reduction("sum", _s(f, "count")),),
+        lambda r, f, t, b: r[0],
+        events=_count_events,
     ),
-    "since": Aggregation(frozenset({"xid"}), lambda f: (Reduction("max", _s(f, "last_ts")),), _since),
+    "since": Aggregation(
+        frozenset({"xid", "node_event"}),
+        lambda f: (Reduction("max", _s(f, "last_ts")),),
+        _since,
+        events=_since_event,
+    ),
     "ports_down": Aggregation(
         frozenset({"link_state"}), lambda f: (Reduction("max", _s(f, "down")),), lambda r, f, t, b: r[0]
     ),
@@ -173,7 +203,8 @@ and to the parity test, which enumerates this table."""
 # the workload's swings move together); slope per hour; count of GPUs above the threshold
 # (peak over the window's buckets); reset-aware counter increase summed over GPUs or ports;
 # peak number of GPUs whose counter grew by more than the threshold in one bucket; Xid events
-# of a class; seconds since the last Xid of a class; peak number of link ports not ACTIVE.
+# of a class; seconds since the last Xid of a class; peak number of link ports not ACTIVE. On a
+# node's history: its failures (or returns) in the window; seconds since the last one.
 
 
 def reduce_direct(op: str, window: np.ndarray, aux: np.ndarray | None = None) -> np.ndarray:
@@ -200,6 +231,18 @@ def reduce_direct(op: str, window: np.ndarray, aux: np.ndarray | None = None) ->
         val = np.take_along_axis(window, idx[..., None], axis=-1)[..., 0]
         return np.where(present.any(axis=-1), val, np.nan)
     raise ValueError(f"unknown reduction {op!r}")
+
+
+def history_values(fs: FeatureSet, log: EventLog, node: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The history features of ``fs`` (:attr:`~foreshock.features.spec.FeatureSet.history_plan`)
+    for rows (``node``: the log's node codes, ``t``: epoch ms) -> (rows, history features)."""
+    out = np.empty((len(node), len(fs.history_plan)))
+    t = np.asarray(t, dtype=np.int64)
+    for i, (_, f) in enumerate(fs.history_plan):
+        kernel = AGGREGATIONS[f.agg].events
+        assert kernel is not None  # the spec's validation: node_event kinds have an event kernel
+        out[:, i] = kernel(log, log.field_index(f.field), node, t, f.window_ms)
+    return out
 
 
 def add_peer_features(

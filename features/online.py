@@ -15,7 +15,9 @@ most the tolerance), its row for a node equals the batch engine's row at that ti
 
 Node events bring no statistics, only where a node's windows start (its last return to service,
 :mod:`foreshock.features.returns`): reads cut the windows, so a return event may arrive late and still
-count, and the batch row stays the same as long as the event has arrived by the read.
+count, and the batch row stays the same as long as the event has arrived by the read. The events
+the history features read (:mod:`foreshock.features.history`) are kept as they are, for as long
+as the longest history window can reach them, and are part of the saved state.
 
 Any ts the contract accepts (0 to 2^53 ms) works, and so does a stream that jumps ahead by more
 than the rings hold: see :class:`_Buckets` and :meth:`OnlineFeatureEngine._advance`.
@@ -35,7 +37,14 @@ import pandas as pd
 from foreshock.features.buckets import BucketTable, Carry, PartialBuckets, bucketize
 from foreshock.features.default_set import DEFAULT_FEATURE_SET
 from foreshock.features.frames import EVENTS, KINDS, Codes, records_to_frames, to_columns
-from foreshock.features.kernels import AGGREGATIONS, add_peer_features, empty_value, reduce_direct
+from foreshock.features.history import EventLog, history_events
+from foreshock.features.kernels import (
+    AGGREGATIONS,
+    add_peer_features,
+    empty_value,
+    history_values,
+    reduce_direct,
+)
 from foreshock.features.returns import return_times, window_floors
 from foreshock.features.spec import FeatureSet, Stat
 
@@ -161,6 +170,8 @@ class OnlineFeatureEngine:
         self._rings = {r: np.broadcast_to(self._fill[r], (len(g), 0, r)).copy() for r, g in by_len.items()}
         # each node's returns to service (node codes, ts) that a window held here may still reach
         self._returns = (np.empty(0, np.int64), np.empty(0, np.int64))
+        # the events the history features read, back as far as the longest of them may look
+        self._history = EventLog.empty()
 
     # -- updates -----------------------------------------------------------------------------
     def update(self, records: Any) -> None:
@@ -208,8 +219,9 @@ class OnlineFeatureEngine:
         return cols
 
     def _add_returns(self, events: pd.DataFrame) -> None:
-        """Remember the return events among node events. A late one is not dropped: windows are
-        cut at read time, so it still applies to every read after it arrived."""
+        """Remember the return events among node events, and the events history features read. A
+        late one is not dropped: windows are cut and history is counted at read time, so it still
+        applies to every read after it arrived."""
         returns = return_times(events)
         if len(returns) and self.feature_set.reset_on_return:
             node = self._nodes.encode(returns["node"])
@@ -218,6 +230,11 @@ class OnlineFeatureEngine:
                 np.r_[self._returns[0], node],
                 np.r_[self._returns[1], returns["ts"].to_numpy(np.int64)],
             )
+        history = history_events(events) if self.feature_set.history_plan else None
+        if history is not None and len(history):
+            node = self._nodes.encode(history["node"])
+            self._grow(len(self._nodes))
+            self._history = self._history.add(node, history["field"].to_numpy(), history["ts"].to_numpy())
 
     def _grow(self, n: int) -> None:
         for r, ring in self._rings.items():
@@ -326,6 +343,9 @@ class OnlineFeatureEngine:
         node, ts = self._returns
         reach = -(-ts // self.feature_set.bucket_ms) > target - max(self._rings)
         self._returns = (node[reach], ts[reach])
+        # no read reaches further back than history_ms (and a bucket) before the frontier
+        oldest_read = (target - 1) * self.feature_set.bucket_ms - self.history_ms
+        self._history = self._history.since(oldest_read - self.feature_set.history_reach_ms)
 
     # -- queries -----------------------------------------------------------------------------
     @property
@@ -347,6 +367,7 @@ class OnlineFeatureEngine:
             + self._carry.link.nbytes
             + self._returns[0].nbytes
             + self._returns[1].nbytes
+            + self._history.nbytes
             + pending
             + (self._open.nbytes if self._open is not None else 0)
         )
@@ -421,12 +442,16 @@ class OnlineFeatureEngine:
 
         t = np.full(len(rows), float(end * b))
         values = np.empty((len(rows), len(fs.features)))
-        for j, (f, w, reductions) in enumerate(fs.plan):
+        for j, f, w, reductions in fs.plan:
             reduced = [
                 reduce_direct(r.op, window(r.stat, w), None if r.aux is None else window(r.aux, w))
                 for r in reductions
             ]
             values[:, j] = AGGREGATIONS[f.agg].finalize(reduced, f, t, b)
+        if fs.history_plan:
+            values[:, [j for j, _ in fs.history_plan]] = history_values(
+                fs, self._history, rows, np.full(len(rows), end * b, dtype=np.int64)
+            )
         table = pd.DataFrame(values, columns=[f.name for f in fs.features])
         table.insert(0, "node", names[rows])
         table.insert(1, "ts", np.full(len(rows), end * b, dtype=np.int64))
@@ -456,6 +481,9 @@ class OnlineFeatureEngine:
             "carry_link": self._carry.link,
             "returns_node": self._returns[0],
             "returns_ts": self._returns[1],
+            "history_node": self._history.node,
+            "history_field": self._history.field,
+            "history_ts": self._history.ts,
         }
         n = len(self._nodes)
         for r, ring in self._rings.items():
@@ -487,6 +515,8 @@ class OnlineFeatureEngine:
             engine._ports = Codes(data["ports"].tolist())
             engine._carry = Carry(data["carry_gpu"], data["carry_link"])
             engine._returns = (data["returns_node"], data["returns_ts"])
+            if "history_ts" in data.files:  # absent from states saved before history features
+                engine._history = EventLog.of(data["history_node"], data["history_field"], data["history_ts"])
             engine._grow(len(engine._nodes))
             for r in meta["rings"]:
                 saved = data[f"ring_{r}"]

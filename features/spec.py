@@ -14,6 +14,16 @@ names in :data:`foreshock.features.kernels.AGGREGATIONS`. Neither engine holds f
 'gpu_temp__max__30m'
 >>> Feature("xid", "memory", "count", 24 * 3_600_000).name
 'xid_memory__count__24h'
+>>> Feature("node", "failed", "count", 30 * 86_400_000).name
+'node_failed__count__30d'
+
+A node's *history* (source ``node``: its failures and returns to service, from ``node.events``)
+is not bucketed: the events are few, and a history window (up to :data:`MAX_HISTORY_MS`) is far
+longer than any telemetry window. Both engines keep the events themselves and evaluate a history
+feature through the same table's event kernel (:attr:`Aggregation.events
+<foreshock.features.kernels.Aggregation>`). The window reset at a return
+(:attr:`FeatureSet.reset_on_return`) does not apply to them: it clears telemetry bursts, not the
+record of what happened to the node.
 """
 
 from __future__ import annotations
@@ -25,12 +35,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Final, Literal
 
-from foreshock.ingest.contract import GPU_FIELDS, LINK_COUNTERS
+from foreshock.ingest.contract import GPU_FIELDS, LINK_COUNTERS, RETURN_EVENTS
 
 __all__ = [
     "GPU_COUNTERS",
     "GPU_GAUGES",
     "MAX_WINDOW_MS",
+    "MAX_HISTORY_MS",
+    "NODE_EVENT_FIELDS",
     "Feature",
     "PeerFeature",
     "FeatureSet",
@@ -44,13 +56,26 @@ GPU_COUNTERS: Final[tuple[str, ...]] = GPU_FIELDS[GPU_FIELDS.index("ecc_sbe_vol_
 """Cumulative GPU counters (contract order): features see their reset-aware increases."""
 GPU_GAUGES: Final[tuple[str, ...]] = GPU_FIELDS[: GPU_FIELDS.index("ecc_sbe_vol_total")]
 MAX_WINDOW_MS: Final = 7 * 24 * 3_600_000
+"""The longest window of a telemetry feature (its buckets are held per node)."""
+MAX_HISTORY_MS: Final = 90 * 24 * 3_600_000
+"""The longest window of a history feature (source ``node``: only its events are held)."""
+_DAY_MS: Final = 24 * 3_600_000
 
-Source = Literal["gpu", "xid", "link"]
-_PREFIX: Final = {"gpu": "", "xid": "xid_", "link": "link_"}
+NODE_EVENT_FIELDS: Final[dict[str, tuple[str, ...]]] = {
+    "failed": ("down", "failed"),
+    "returned": tuple(sorted(RETURN_EVENTS)),
+}
+"""The fields of source ``node``: which ``node.events`` kinds each one counts. ``failed``: the node
+left service by itself (the simulator's ``failed``; a scheduler's ``down``), not by a drain, so
+Foreshock's own drains never feed its scores back; ``returned``: it came back into service."""
+
+Source = Literal["gpu", "xid", "link", "node"]
+_PREFIX: Final = {"gpu": "", "xid": "xid_", "link": "link_", "node": "node_"}
 
 
 def field_kind(source: str, name: str) -> str:
-    """The kind of a source field: ``gauge``, ``counter`` (GPU), ``xid``, ``link_counter``, ``link_state``.
+    """The kind of a source field: ``gauge``, ``counter`` (GPU), ``xid``, ``link_counter``, ``link_state``,
+    ``node_event`` (a node's history, :data:`NODE_EVENT_FIELDS`).
 
     Aggregations declare which kinds they apply to; an unknown field raises ``ValueError``.
     """
@@ -64,11 +89,16 @@ def field_kind(source: str, name: str) -> str:
         return "link_counter"
     if source == "link" and name == "state":
         return "link_state"
+    if source == "node" and name in NODE_EVENT_FIELDS:
+        return "node_event"
     raise ValueError(f"unknown field {name!r} of source {source!r}")
 
 
 def format_window(ms: int) -> str:
-    """``1_800_000`` -> ``"30m"``, ``3_600_000`` -> ``"1h"``; used in column names."""
+    """``1_800_000`` -> ``"30m"``, ``3_600_000`` -> ``"1h"``, ``172_800_000`` -> ``"2d"`` (whole days
+    from two days up; a day is ``"24h"``); used in column names."""
+    if ms >= 2 * _DAY_MS and ms % _DAY_MS == 0:
+        return f"{ms // _DAY_MS}d"
     if ms % 3_600_000 == 0:
         return f"{ms // 3_600_000}h"
     if ms % 60_000 == 0:
@@ -120,7 +150,8 @@ class Feature:
     """One declared feature. ``window_ms`` must be a whole number of the feature set's buckets.
 
     ``field`` is a GPU field (``gpu``), an Xid class name (``xid``), a link counter or
-    ``"state"`` (``link``). ``threshold`` is required by the aggregations that count GPUs.
+    ``"state"`` (``link``), or a key of :data:`NODE_EVENT_FIELDS` (``node``: the node's history).
+    ``threshold`` is required by the aggregations that count GPUs.
     """
 
     source: Source
@@ -213,9 +244,11 @@ class FeatureSet:
                 )
             if f.threshold is not None and f.threshold < 0:
                 raise ValueError(f"{f.name}: threshold must be >= 0")
-            if f.window_ms % self.bucket_ms or not self.bucket_ms <= f.window_ms <= MAX_WINDOW_MS:
+            longest = MAX_HISTORY_MS if kind == "node_event" else MAX_WINDOW_MS
+            if f.window_ms % self.bucket_ms or not self.bucket_ms <= f.window_ms <= longest:
                 raise ValueError(
-                    f"{f.name}: window must be a multiple of {self.bucket_ms} ms, at most 7 days"
+                    f"{f.name}: window must be a multiple of {self.bucket_ms} ms, "
+                    f"at most {longest // _DAY_MS} days"
                 )
         base_names = {f.name for f in self.features}
         for p in self.peers:
@@ -257,6 +290,7 @@ class FeatureSet:
             "features": [f.to_json() for f in self.features],
             "peers": [{"base": p.base.name, "kind": p.kind} for p in self.peers],
             "peer_z": "median-mad",  # the z kernel: a model of another kernel must not be served
+            "node_events": {k: list(v) for k, v in sorted(NODE_EVENT_FIELDS.items())},
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -266,15 +300,34 @@ class FeatureSet:
         return Stat("any", "records", "records")
 
     def reductions(self, feature: Feature) -> tuple[Reduction, ...]:
-        """The window reductions ``feature`` needs, from its aggregation's kernel."""
+        """The window reductions ``feature`` needs, from its aggregation's kernel (none for a
+        history feature: it reads events, not buckets)."""
         from foreshock.features.kernels import AGGREGATIONS
 
+        if feature.source == "node":
+            return ()
         return AGGREGATIONS[feature.agg].reductions(feature)
 
     @cached_property
-    def plan(self) -> tuple[tuple[Feature, int, tuple[Reduction, ...]], ...]:
-        """(feature, window in buckets, reductions) for every feature, in order: what engines loop over."""
-        return tuple((f, f.window_ms // self.bucket_ms, self.reductions(f)) for f in self.features)
+    def plan(self) -> tuple[tuple[int, Feature, int, tuple[Reduction, ...]], ...]:
+        """(column, feature, window in buckets, reductions) for every telemetry feature, in order:
+        what engines loop over. History features are in :attr:`history_plan`."""
+        return tuple(
+            (j, f, f.window_ms // self.bucket_ms, self.reductions(f))
+            for j, f in enumerate(self.features)
+            if f.source != "node"
+        )
+
+    @cached_property
+    def history_plan(self) -> tuple[tuple[int, Feature], ...]:
+        """(column, feature) for every history feature (source ``node``), in order: the engines
+        evaluate them together (:func:`foreshock.features.kernels.history_values`)."""
+        return tuple((j, f) for j, f in enumerate(self.features) if f.source == "node")
+
+    @cached_property
+    def history_reach_ms(self) -> int:
+        """How far back the history features read: the longest history window (0 without any)."""
+        return max((f.window_ms for _, f in self.history_plan), default=0)
 
     @cached_property
     def stats(self) -> tuple[Stat, ...]:

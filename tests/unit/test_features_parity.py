@@ -38,6 +38,7 @@ _FIELD_FOR_KIND = {
     "xid": ("xid", ("memory", "other")),
     "link_counter": ("link", LINKS),
     "link_state": ("link", ("state",)),
+    "node_event": ("node", ("failed", "returned")),
 }
 
 
@@ -145,12 +146,12 @@ def make_stream(seed: int, tolerance_ms: int) -> tuple[dict[str, pd.DataFrame], 
                 )
                 link_rows.append(row)
     frames["link"] = pd.DataFrame(link_rows)
-    n_events = int(rng.integers(0, 4))  # returns cut windows; the other events change nothing
+    n_events = int(rng.integers(0, 6))  # returns cut windows, history features count failures
     frames["events"] = pd.DataFrame(
         {
             "node": rng.choice(nodes, n_events).astype(object),
             "ts": rng.integers(*span, n_events),
-            "event": rng.choice(["repaired", "up", "failed", "drained"], n_events).astype(object),
+            "event": rng.choice(["repaired", "up", "failed", "down", "drained"], n_events).astype(object),
         }
     )
     arrival = {}

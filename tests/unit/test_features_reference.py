@@ -4,12 +4,14 @@ just the agreement of two engines. Enumerates every feature of the registry-wide
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from foreshock.features.batch import compute_features
-from foreshock.features.spec import Feature, FeatureSet
+from foreshock.features.spec import NODE_EVENT_FIELDS, Feature, FeatureSet
 from tests.unit.test_features_parity import REGISTRY_SET, make_stream
 
 B = 60_000
@@ -36,6 +38,13 @@ def _peak_distinct(rows: pd.DataFrame, member: str, mask: pd.Series) -> float:
 
 def reference(f: Feature, t: int, node: str, frames: dict[str, pd.DataFrame], fs: FeatureSet) -> float:
     lo = t - f.window_ms
+    if f.source == "node":  # the node's own events of the field, each (ts) once
+        e = frames["events"]
+        e = e[(e["node"] == node) & e["event"].isin(NODE_EVENT_FIELDS[f.field])]
+        e = e[(e["ts"] >= lo) & (e["ts"] < t)]
+        if f.agg == "count":
+            return float(e["ts"].nunique())
+        return (t - e["ts"].max()) / 1000 if len(e) else np.nan
     if f.source == "xid":
         x = frames["xid"]
         classes = {c: k for k, cs in fs.xid_classes.items() for c in cs}
@@ -84,12 +93,15 @@ def reference(f: Feature, t: int, node: str, frames: dict[str, pd.DataFrame], fs
 @pytest.mark.parametrize("seed", [3, 11, 2024])
 def test_batch_engine_matches_the_definitions(seed):
     frames, _ = make_stream(seed, 0)
-    fs = REGISTRY_SET
-    table = compute_features(gpu=frames["gpu"], xid=frames["xid"], link=frames["link"], feature_set=fs)
+    fs = dataclasses.replace(REGISTRY_SET, reset_on_return=False)  # the definitions read whole windows
+    table = compute_features(
+        gpu=frames["gpu"], xid=frames["xid"], link=frames["link"], events=frames["events"], feature_set=fs
+    )
     clean = {
         "gpu": _dedup(frames["gpu"], ["node", "ts", "gpu"]),
         "xid": _dedup(frames["xid"], ["node", "ts", "gpu", "xid"]),
         "link": _dedup(frames["link"], ["node", "ts", "port"]),
+        "events": frames["events"],
     }
     rng = np.random.default_rng(seed)
     rows = table.iloc[rng.choice(len(table), size=min(5, len(table)), replace=False)]
