@@ -10,8 +10,15 @@ __all__ = ["register"]
 
 
 def demo(
-    nodes: int = typer.Option(48, min=8, help="Nodes in the simulated cluster (8 GPUs each)."),
-    days: float = typer.Option(3.0, min=2.0, help="Simulated days: all but the last train the model."),
+    nodes: int = typer.Option(48, min=8, help="Nodes in the replayed cluster (8 GPUs each)."),
+    days: float = typer.Option(
+        3.0,
+        min=2.0,
+        help="Simulated days of the replayed cluster (the last is replayed); the history spans one fewer.",
+    ),
+    history_nodes: int = typer.Option(
+        192, min=8, help="Nodes of the simulated history the model trains on (same profile, another seed)."
+    ),
     out: Path = typer.Option(
         Path("runs/demo"), help="Folder for the data, the model, the audit log and the report."
     ),
@@ -24,8 +31,8 @@ def demo(
     budget: float | None = typer.Option(
         None,
         min=0.0,
-        help="Alert budget: false alarms allowed per 1,000 node-days (sets the threshold). "
-        "Default: 1 x the rate multiplier, since false-alarm transients scale with failures.",
+        help="Alert budget: false alarms allowed per 1,000 node-days (sets the threshold). Default: the full "
+        "evaluation's 1 at rate x 60, scaled with --rate-multiplier (transients scale with failures).",
     ),
     live: bool = typer.Option(True, "--live/--no-live", help="Show the live view (rich) during the replay."),
 ) -> None:
@@ -40,6 +47,7 @@ def demo(
             profile=profile_path(profile),
             nodes=nodes,
             days=days,
+            history_nodes=history_nodes,
             seed=seed,
             rate_multiplier=rate_multiplier,
             budget_per_1000_node_days=budget,

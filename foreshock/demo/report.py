@@ -61,10 +61,26 @@ class DemoReport:
     false_alarm_episodes: int
     actions: dict[str, int]
     false_alarm_cost_gpu_hours: float
+    budget_per_1000_node_days: float
+    history: str  # what the model was trained on
+    reference: dict[str, Any] | None  # the full evaluation's figures for this profile
 
     @property
     def predicted(self) -> list[FailureRow]:
         return [f for f in self.failures if f.predicted]
+
+    @property
+    def node_days(self) -> float:
+        return self.nodes * (self.end_ms - self.start_ms) / 86_400_000
+
+    @property
+    def recall(self) -> float | None:
+        return len(self.predicted) / len(self.failures) if self.failures else None
+
+    @property
+    def median_lead_detectable(self) -> float | None:
+        leads = [f.lead_minutes for f in self.predicted if f.detectable and f.lead_minutes is not None]
+        return float(np.median(leads)) if leads else None
 
     @property
     def saved_gpu_hours(self) -> float:
@@ -86,20 +102,37 @@ class DemoReport:
         )
         acts = ", ".join(f"{n} {k}" for k, n in sorted(self.actions.items())) or "none"
         share = self.saved_gpu_hours / self.lost_gpu_hours * 100 if self.lost_gpu_hours else 0.0
+        allowed = self.budget_per_1000_node_days * self.node_days / 1000
         return [
             f"Replayed day {day}: {self.nodes} nodes x {self.gpus_per_node} GPUs ({self.profile} profile), "
             f"model foreshock-risk v{self.model_version} (threshold {self.threshold:.3f}, "
-            f"horizon {self.horizon_minutes} min)",
+            f"horizon {self.horizon_minutes} min), trained on another cluster's history ({self.history})",
             f"Failures: {len(self.failures)} ({len(detectable)} announced by foreshocks)",
             f"Predicted: {len(self.predicted)} of {len(self.failures)} "
             f"({sum(f.predicted for f in detectable)} of {len(detectable)} with foreshocks), {lead_text}",
-            f"Alerts: {self.alert_episodes} episodes, {self.false_alarm_episodes} false alarms",
+            f"Alerts: {self.alert_episodes} episodes, {self.false_alarm_episodes} false alarms in "
+            f"{self.node_days:.0f} node-days (budget {self.budget_per_1000_node_days:g} per 1,000 node-days: "
+            f"{allowed:.2f} in the day)",
+            self.reference_line(),
             f"Actions (dry run): {acts}",
             f"Training time saved: {self.saved_gpu_hours:.1f} GPU-hours of {self.lost_gpu_hours:.1f} lost to "
             f"failures ({share:.0f} %), after {self.false_alarm_cost_gpu_hours:.1f} GPU-hours "
             "spent on false alarms",
             f"Time: training {self.train_seconds:.0f} s, whole demo {self.total_seconds:.0f} s",
         ]
+
+    def reference_line(self) -> str:
+        """The full evaluation's figures for this profile beside the day's (docs/results.md)."""
+        ref = self.reference
+        if ref is None:
+            return f"Full evaluation (docs/results.md): none for the {self.profile} profile"
+        budget = ref["budget_false_alarms_per_1000_node_days"]
+        return (
+            f"Full evaluation (docs/results.md, {ref['data']}): recall {ref['recall']:.2f} "
+            f"({ref['recall_detectable']:.2f} with foreshocks), {ref['false_alarms_per_1000_node_days']:.2f} "
+            f"false alarms per 1,000 node-days against a budget of {budget:g}, "
+            f"median lead {ref['median_lead_minutes_detectable']:.0f} min"
+        )
 
 
 def _episodes(
@@ -137,6 +170,9 @@ def build_report(
     restart_s: float,
     train_seconds: float,
     total_seconds: float,
+    budget_per_1000_node_days: float,
+    history: str,
+    reference: dict[str, Any] | None,
 ) -> DemoReport:
     """Join the replay's scores and actions with the failures of ``[start_ms, end_ms)``."""
     horizon_ms = model.horizon_minutes * _MIN
@@ -200,7 +236,19 @@ def build_report(
         false,
         actions,
         len(wasted) * mitigation_cost_gpu_seconds(checkpoint_s, migration_s, gpus) / 3600,
+        budget_per_1000_node_days,
+        history,
+        reference,
     )
+
+
+def reference_figures(profile: str) -> dict[str, Any] | None:
+    """The full evaluation's figures for ``profile`` (the shipped ``model-evaluation`` operating
+    point, measured as docs/results.md says), or None when it was not evaluated."""
+    from foreshock.shipped import operating_point
+
+    pools = json.loads(operating_point("model-evaluation").read_text())["pools"]
+    return pools.get(profile)
 
 
 def plot_replay(state: ReplayState, report: DemoReport, path: Path) -> Path:
@@ -291,6 +339,9 @@ def write_report(report: DemoReport, out: Path, plot: Path) -> Path:
     (out / "report.md").write_text("\n".join(text))
     facts: dict[str, Any] = asdict(report)
     facts.update(
+        node_days=report.node_days,
+        recall=report.recall,
+        median_lead_minutes_detectable=report.median_lead_detectable,
         predicted=len(report.predicted),
         saved_gpu_hours=report.saved_gpu_hours,
         lost_gpu_hours=report.lost_gpu_hours,

@@ -1,9 +1,10 @@
 """``foreshock demo --no-live`` end to end on a small cluster, checked against the ground truth.
 
-One run (module fixture) of the real CLI in a subprocess: simulate, train and register in the
-embedded MLflow store, replay the last day through the predictor and the dry-run mitigator,
-report. The report's figures are recomputed here from what the run left on disk (ground truth,
-risk scores, audit log, registry) so a wrong join or a miscount fails the test.
+One run (module fixture) of the real CLI in a subprocess: simulate the cluster and a history of
+another seed, train on the history and register in the embedded MLflow store, replay the
+cluster's last day through the predictor and the dry-run mitigator, report. The report's figures
+are recomputed here from what the run left on disk (ground truth, risk scores, audit log,
+registry) so a wrong join or a miscount fails the test.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pandas as pd
 import pytest
 
 from foreshock.ingest.dataset import read_ground_truth, read_manifest
+from foreshock.models.frame import dataset_fingerprint
 from foreshock.models.registry import champion_version, sqlite_uri
 
 pytestmark = pytest.mark.e2e
@@ -41,6 +43,8 @@ def demo(tmp_path_factory) -> tuple[Path, str]:
         "400",
         "--spares",
         "2",
+        "--history-nodes",
+        "48",
         "--out",
         str(out),
     ]
@@ -103,6 +107,29 @@ def test_actions_are_the_audited_dry_run_actions(demo: tuple[Path, str]) -> None
     assert dict(rows) == report["actions"]
     if acted_on is not None:
         assert acted_on >= report["start_ms"]  # warm-up scores never reach the mitigator
+
+
+def test_the_model_never_saw_the_replayed_cluster_and_runs_at_the_evaluation_budget(
+    demo: tuple[Path, str],
+) -> None:
+    out, stdout = demo
+    history = read_manifest(out / "history")
+    assert (history["nodes"], history["seed"]) == (48, 6)
+    assert history["end_ms"] - history["start_ms"] <= DAY_MS  # one day fewer than the replayed cluster
+    trained = json.loads((out / "train" / "metrics.json").read_text())["_info"]
+    assert trained["dataset_fingerprint"] == dataset_fingerprint(out / "history")
+    assert trained["dataset_fingerprint"] != dataset_fingerprint(out / "data")
+    report = json.loads((out / "report.json").read_text())
+    budget = 400 / 60  # the full evaluation's 1 per 1,000 node-days at rate x 60, scaled to x 400
+    assert report["budget_per_1000_node_days"] == pytest.approx(budget)
+    assert trained["budget_false_alarms_per_1000_node_days"] == pytest.approx(budget)
+    assert report["node_days"] == pytest.approx(16.0)
+    assert report["recall"] == pytest.approx(report["predicted"] / len(report["failures"]))
+    assert f"{report['false_alarm_episodes']} false alarms in 16 node-days (budget {budget:g}" in stdout
+    reference = report["reference"]  # the full evaluation's llama3 figures, printed beside the day's
+    assert 0 <= reference["recall"] <= reference["recall_detectable"] <= 1
+    assert f"Full evaluation (docs/results.md, {reference['data']}): recall {reference['recall']:.2f}" \
+        in stdout
 
 
 def test_model_is_registered_and_the_plot_written(demo: tuple[Path, str]) -> None:
