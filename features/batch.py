@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 from numpy.lib.stride_tricks import sliding_window_view
 
-from foreshock.features.buckets import BucketTable, Carry, bucketize
+from foreshock.features.buckets import BucketTable, Carry, Columns, bucketize
 from foreshock.features.default_set import DEFAULT_FEATURE_SET
 from foreshock.features.frames import KINDS, Codes, needed_columns, to_columns
 from foreshock.features.history import EventLog, history_events, lifecycle_events
@@ -367,7 +367,7 @@ class _DayStream:
     ):
         self.fs, self.returns, self.peer_groups, self.sink = fs, returns, peer_groups, sink
         self.nodes = _Nodes(fs, per_grid)
-        self._ports = Codes()
+        self.ports = Codes()
         self._carry = Carry()
         self._history = _History()
         days, first = np.unique(ticks // DAY_MS, return_index=True)
@@ -379,11 +379,15 @@ class _DayStream:
     def days(self) -> int:
         return len(self._days)
 
-    def feed(self, frames: Mapping[str, pd.DataFrame], cut: float) -> None:
-        """Bucketize a slice (every record before ``cut`` not fed yet), then emit the days whose
-        ticks it completes (a tick reads the records before it)."""
+    def columns(self, frames: Mapping[str, pd.DataFrame]) -> dict[str, Columns]:
+        """Telemetry frames as the numeric columns :meth:`feed` takes, coded by this stream."""
+        codes = self.nodes.codes
+        return {k: to_columns(k, f, self.fs, codes, self.ports) for k, f in frames.items() if len(f)}
+
+    def feed(self, cols: Mapping[str, Columns], cut: float) -> None:
+        """Bucketize a slice (every record before ``cut`` not fed yet, as :meth:`columns` codes
+        it), then emit the days whose ticks it completes (a tick reads the records before it)."""
         fs = self.fs
-        cols = {k: to_columns(k, f, fs, self.nodes.codes, self._ports) for k, f in frames.items() if len(f)}
         if cols:
             self._history.add(bucketize(fs, cols.get("gpu"), cols.get("xid"), cols.get("link"), self._carry))
             self.nodes.register()
@@ -487,7 +491,7 @@ def compute_features(
         n_nodes = len(set().union(*(f["node"].unique() for f in frames.values()))) if frames else 0
         plan = _plan(fs, _frames_extent(frames), n_nodes, cadence_ms, start_ms, end_ms, nodes_per_group)
         stream = _DayStream(fs, plan.ticks, returns, plan.per_grid, peer_groups, keep)
-        stream.feed(frames, np.inf)
+        stream.feed(stream.columns(frames), np.inf)
         if progress is not None:
             progress("features", stream.days, stream.days)
     else:
@@ -520,8 +524,8 @@ def _passes(
     for n, index in enumerate(indices):
         stream = _DayStream(fs, plan.ticks, returns, plan.per_grid, peer_groups, sink)
         keep = None if plan.passes == 1 else (lambda node, i=index: plan.keeps(node, fs, i))
-        for frames, cut in time_slices(data_dir, fs, keep):
-            stream.feed(frames, cut)
+        for cols, cut in time_slices(data_dir, fs, stream.nodes.codes, stream.ports, keep):
+            stream.feed(cols, cut)
             if progress is not None:
                 progress("features", n * stream.days + stream.days_done, len(indices) * stream.days)
 

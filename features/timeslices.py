@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Final
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from foreshock.features.frames import KINDS, needed_columns
+from foreshock.features.buckets import Columns
+from foreshock.features.frames import KINDS, Codes, needed_columns, to_columns
 from foreshock.features.spec import FeatureSet
 from foreshock.ingest.dataset import part_paths, read_manifest
 
@@ -38,22 +38,31 @@ _STRINGS: Final = ("node", "port", "state", "kind")
 
 
 class _TableReader:
-    """One telemetry table's row groups in time order, and the rows read but not yet handed out."""
+    """One telemetry table's row groups in time order, and the rows read but not yet handed out
+    (as :func:`~foreshock.features.frames.to_columns` numeric columns)."""
 
-    def __init__(self, data_dir: Path, kind: str, fs: FeatureSet, keep: Callable[[str], bool] | None):
+    def __init__(
+        self,
+        data_dir: Path,
+        kind: str,
+        fs: FeatureSet,
+        nodes: Codes,
+        ports: Codes,
+        keep: Callable[[str], bool] | None,
+    ):
         self.kind = kind
-        self._keep = keep
-        self._groups = self._row_groups(data_dir, fs)
-        self._pending: list[pd.DataFrame] = []
+        self._fs, self._nodes, self._ports, self._keep = fs, nodes, ports, keep
+        self._groups = self._row_groups(data_dir)
+        self._pending: list[Columns] = []
         self.pending_rows = 0
         self.newest = -np.inf  # the newest ts read: every older row of this table has been read
         self.done = False
 
-    def _row_groups(self, data_dir: Path, fs: FeatureSet) -> Iterator[pa.Table]:
+    def _row_groups(self, data_dir: Path) -> Iterator[pa.Table]:
         for path in part_paths(data_dir, self.kind):
             names = pq.read_schema(path).names
             file = pq.ParquetFile(path, read_dictionary=[c for c in _STRINGS if c in names])
-            cols = [c for c in needed_columns(self.kind, fs) if c in names]
+            cols = [c for c in needed_columns(self.kind, self._fs) if c in names]
             for i in range(file.num_row_groups):
                 yield file.read_row_group(i, columns=cols)
 
@@ -73,32 +82,42 @@ class _TableReader:
             wanted = np.array([self._keep(str(n)) for n in node.categories] + [False])
             frame = frame[wanted[node.codes.to_numpy()]]
         if len(frame):
-            self._pending.append(frame)
+            self._pending.append(to_columns(self.kind, frame, self._fs, self._nodes, self._ports))
             self.pending_rows += len(frame)
 
-    def take(self, cut: float) -> pd.DataFrame | None:
+    def take(self, cut: float) -> Columns | None:
         """The rows older than ``cut``; the rest stay pending."""
         if not self._pending:
             return None
-        frame = pd.concat(self._pending, ignore_index=True) if len(self._pending) > 1 else self._pending[0]
-        older = frame["ts"].to_numpy() < cut
-        rest = frame[~older]
-        self._pending = [rest] if len(rest) else []
-        self.pending_rows = len(rest)
-        return frame[older] if older.any() else None
+        first = self._pending[0]
+        cols = (
+            first
+            if len(self._pending) == 1
+            else {k: np.concatenate([p[k] for p in self._pending]) for k in first}
+        )
+        older = cols["ts"] < cut
+        if older.all():
+            self._pending, self.pending_rows = [], 0
+            return cols
+        rest = {k: v[~older] for k, v in cols.items()}
+        self._pending, self.pending_rows = [rest], len(rest["ts"])
+        return {k: v[older] for k, v in cols.items()} if older.any() else None
 
 
 def time_slices(
     data_dir: str | Path,
     fs: FeatureSet,
+    nodes: Codes,
+    ports: Codes,
     keep: Callable[[str], bool] | None = None,
-) -> Iterator[tuple[dict[str, pd.DataFrame], float]]:
-    """``(frames, cut)`` in time order: each kind's rows with ``ts < cut`` not handed out before
-    (dataset-layout columns; kinds without such rows left out). The last slice has ``cut = inf``.
+) -> Iterator[tuple[dict[str, Columns], float]]:
+    """``(columns, cut)`` in time order: each kind's rows with ``ts < cut`` not handed out before,
+    as :func:`~foreshock.features.frames.to_columns` gives them (node and port ids coded by
+    ``nodes`` and ``ports``; kinds without such rows left out). The last slice has ``cut = inf``.
 
     ``keep(node)`` selects nodes."""
     read_manifest(data_dir)
-    readers = [_TableReader(Path(data_dir), kind, fs, keep) for kind in KINDS]
+    readers = [_TableReader(Path(data_dir), kind, fs, nodes, ports, keep) for kind in KINDS]
     handed = -np.inf
     while True:
         active = [r for r in readers if not r.done]
@@ -106,10 +125,10 @@ def time_slices(
         cut = np.inf if not active else (oldest // fs.bucket_ms) * fs.bucket_ms
         pending = sum(r.pending_rows for r in readers)
         if not active or (cut > handed and pending >= SLICE_ROWS):
-            frames = {r.kind: f for r in readers if (f := r.take(cut)) is not None}
+            columns = {r.kind: c for r in readers if (c := r.take(cut)) is not None}
             handed = cut
-            if frames or not active:
-                yield frames, cut
+            if columns or not active:
+                yield columns, cut
             if not active:
                 return
         min(active, key=lambda r: r.newest).advance()

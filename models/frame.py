@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from foreshock.features.table import FeatureTable, TableIdentity
+from foreshock.features.table import FeatureTable, FeatureTableError, TableIdentity
 from foreshock.ingest.dataset import read_events, read_manifest
 from foreshock.models.baselines import rule_inputs
 from foreshock.models.labels import label_rows
@@ -126,15 +126,21 @@ def feature_table(
     path = Path(data_dir) / CACHE_DIR / key
     if (path / "table.json").is_file():
         return FeatureTable.open(path, expect=identity)
-    return write_feature_table(
-        data_dir,
-        path,
-        dataset_fingerprint=identity.dataset_fingerprint,
-        feature_set=fs,
-        cadence_ms=cadence_ms,
-        client=dask_address,
-        progress=progress,
-    )
+    try:
+        return write_feature_table(
+            data_dir,
+            path,
+            dataset_fingerprint=identity.dataset_fingerprint,
+            feature_set=fs,
+            cadence_ms=cadence_ms,
+            client=dask_address,
+            progress=progress,
+        )
+    except OSError as exc:
+        raise FeatureTableError(
+            f"cannot write the feature cache {path} ({exc}): write a table elsewhere with "
+            "`foreshock features --out DIR` and pass it with --features"
+        ) from exc
 
 
 def _labelled_rows(
@@ -247,10 +253,12 @@ def build_labelled(
             progress=progress,
         )
         chunks, days, at = [], [], 0
-        for day, chunk in zip(stream.table.days, stream.chunks(), strict=True):
+        for i, (day, chunk) in enumerate(zip(stream.table.days, stream.chunks(), strict=True), start=1):
             chunks.append(chunk)
             days.append((day, at, at + len(chunk)))
             at += len(chunk)
+            if progress is not None:
+                progress("loading the feature table", i, stream.chunk_count)
         frame = pd.concat(chunks, ignore_index=True) if chunks else pd.DataFrame()
         del chunks
         return LabelledData(

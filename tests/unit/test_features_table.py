@@ -15,6 +15,7 @@ import foreshock.features.timeslices as timeslices
 from foreshock import shipped
 from foreshock.features import DEFAULT_FEATURE_SET as FS
 from foreshock.features.batch import compute_features, peer_group, read_frames, write_feature_table
+from foreshock.features.frames import Codes
 from foreshock.features.table import DAY_MS, FeatureTable, FeatureTableError, TableIdentity
 from foreshock.features.timeslices import time_slices
 from foreshock.ingest.contract import RETURN_EVENTS
@@ -56,15 +57,15 @@ def test_the_dataset_spans_days_parts_and_returns(dataset, at_once):
 
 def test_slices_end_on_bucket_boundaries_and_follow_each_other(dataset, monkeypatch):
     monkeypatch.setattr(timeslices, "SLICE_ROWS", 3_000)
-    slices = list(time_slices(dataset, FS))
+    slices = list(time_slices(dataset, FS, Codes(), Codes()))
     assert len(slices) > 10 and slices[-1][1] == np.inf
     previous = -np.inf
-    for frames, cut in slices:
+    for columns, cut in slices:
         assert cut == np.inf or cut % FS.bucket_ms == 0
-        for frame in frames.values():
-            assert (frame["ts"] >= previous).all() and (frame["ts"] < cut).all()
+        for cols in columns.values():
+            assert (cols["ts"] >= previous).all() and (cols["ts"] < cut).all()
         previous = cut
-    rows = sum(len(f) for frames, _ in slices for k, f in frames.items() if k == "gpu")
+    rows = sum(len(c["ts"]) for columns, _ in slices for k, c in columns.items() if k == "gpu")
     assert rows == len(read_frames(dataset, FS)["gpu"])
 
 

@@ -16,6 +16,7 @@ import foreshock.features.batch
 from foreshock.cli import app
 from foreshock.features import DEFAULT_FEATURE_SET as FS
 from foreshock.features.batch import compute_features
+from foreshock.features.table import FeatureTableError
 from foreshock.models.artifact import RiskModel
 from foreshock.models.evaluate import evaluate
 from foreshock.models.frame import CACHE_DIR, build_labelled, feature_table
@@ -138,3 +139,10 @@ def test_training_states_its_subsampling(cluster, tmp_path):
     assert thinning["rate"] == 0.25 and thinning["weight"] == 4.0
     assert thinning["far_from_failure_ms"] == FAR_FROM_FAILURE_MS
     assert info["train_rows_used"] < thinning["train_rows_represented"] <= info["rows"]["train"]
+
+
+def test_a_cache_that_cannot_be_written_is_a_clear_error(tmp_path):
+    small = make_synthetic_cluster(tmp_path / "data", nodes=2, days=1.0, seed=1)
+    (small.data_dir / CACHE_DIR).write_text("not a folder")
+    with pytest.raises(FeatureTableError, match="cannot write the feature cache .* pass it with --features"):
+        feature_table(small.data_dir)
