@@ -30,12 +30,15 @@ import pandas as pd
 
 from foreshock.models.baselines import LogisticBaseline
 
-__all__ = ["RiskModel", "MODEL_FILE", "META_FILE"]
+__all__ = ["RiskModel", "MODEL_FILE", "META_FILE", "NEVER_ALERT"]
 
 MODEL_FILE = "model.txt"
 META_FILE = "risk_model.json"
 _MLFLOW_MODEL_FILE = "model.lgb"
 _FORMAT = 2
+# the threshold above every probability: a budget that no alert at all can keep (a score of
+# exactly 1.0 would still alert at 1.0)
+NEVER_ALERT = float(np.nextafter(1.0, 2.0))
 _READABLE_FORMATS = (1, 2)  # format 1: no linear prior
 
 
@@ -77,8 +80,8 @@ class RiskModel:
             raise ValueError("the linear prior's features differ from feature_names")
         if calibration[0] <= 0:
             raise ValueError("calibration slope must be positive (a monotone map)")
-        if not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"threshold {threshold} is not a probability")
+        if not 0.0 <= threshold <= NEVER_ALERT:
+            raise ValueError(f"threshold {threshold} is not a probability (nor {NEVER_ALERT!r}: never alert)")
         self.booster = booster
         self.feature_names = list(feature_names)
         self.feature_set_hash = feature_set_hash

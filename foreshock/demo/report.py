@@ -131,7 +131,7 @@ class DemoReport:
             f"Full evaluation (docs/results.md, {ref['data']}): recall {ref['recall']:.2f} "
             f"({ref['recall_detectable']:.2f} with foreshocks), {ref['false_alarms_per_1000_node_days']:.2f} "
             f"false alarms per 1,000 node-days against a budget of {budget:g}, "
-            f"median lead {ref['median_lead_minutes_detectable']:.0f} min"
+            f"median lead {ref['median_lead_minutes_detectable']:.1f} min (foreshocks)"
         )
 
 

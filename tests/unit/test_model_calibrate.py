@@ -78,3 +78,16 @@ def test_calibration_refuses_data_of_another_feature_set(model, synthetic_cluste
     data = build_labelled(synthetic_cluster_other.data_dir, 3_600_000, features=features)
     with pytest.raises(ValueError, match="feature set"):
         calibrate(model, data, BUDGET)
+
+
+def test_a_budget_no_alert_can_keep_gives_a_model_that_never_alerts(model, other):
+    """Unlabelled data whose top score is itself an alert episode, and a budget of 0: the threshold
+    sits above every score, a valid model that alerts on nothing, even on a probability of 1."""
+    from foreshock.models.artifact import NEVER_ALERT
+
+    result = calibrate(model, other, 0.0, use_labels=False)
+    scores = result.model.predict_proba(other.frame)
+    assert result.model.threshold > scores.max() and not result.model.alerts(other.frame).any()
+    assert model.with_threshold(NEVER_ALERT).threshold == NEVER_ALERT > 1.0  # valid: it never alerts
+    with pytest.raises(ValueError, match="not a probability"):
+        model.with_threshold(1.5)
