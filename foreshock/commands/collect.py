@@ -25,7 +25,7 @@ from typing import Any
 
 import typer
 
-from foreshock.commands.durations import option_seconds as _seconds
+from foreshock.commands.durations import Duration, duration_option
 from foreshock.commands.sizes import option_bytes
 from foreshock.ingest.collectors import (
     CollectorOptions,
@@ -151,12 +151,12 @@ def collect(
                               "kubernetes: state file of the node states last published (kept across "
                               "restarts)."),
     journal: bool = typer.Option(False, "--journal", help="kmsg: follow `journalctl -k` instead."),
-    interval: str = typer.Option("10s", "--interval", help="Time between polls (10s, 1m, ...)."),
+    interval: Duration = duration_option("10s", "--interval", help="Time between polls (10s, 1m, ...)."),
     kafka: str = typer.Option(None, "--kafka", help="Kafka bootstrap servers to publish to."),
     stdout: bool = typer.Option(False, "--stdout", help="Print JSON lines instead of publishing."),
     xid_policy: Path = typer.Option(None, "--xid-policy", help="Operator CSV merged over the "
                                     "shipped Xid policy."),
-    fold_window: str = typer.Option("10s", "--fold-window", help="Identical Xids within this "
+    fold_window: Duration = duration_option("10s", "--fold-window", help="Identical Xids within this "
                                     "window are folded into one counted event."),
     polls: int = typer.Option(None, "--polls", help="Stop after this many polls (smoke runs)."),
     buffer: str = typer.Option("16MiB", "--buffer", help="--kafka: memory for polls the broker has "
@@ -167,7 +167,7 @@ def collect(
     spool_size: str = typer.Option("1GiB", "--spool-size", help="--kafka: most disk --spool-dir "
                                    "takes. When memory and spool are full the oldest polls are "
                                    "dropped, counted and logged."),
-    flush_timeout: str = typer.Option("10s", "--flush-timeout", help="--kafka: on SIGTERM, time to "
+    flush_timeout: Duration = duration_option("10s", "--flush-timeout", help="--kafka: on SIGTERM, time to "
                                       "deliver the backlog; what is left stays in --spool-dir or is "
                                       "reported as unsent."),
     metrics_port: int = typer.Option(0, "--metrics-port", min=0, max=65535,
@@ -179,13 +179,13 @@ def collect(
         raise typer.BadParameter("give exactly one of --kafka BOOTSTRAP or --stdout")
     if node is None and source not in _CLUSTER_WIDE:
         raise typer.BadParameter(f"--source {source.value} needs --node", param_hint="--node")
-    interval_s = _seconds(interval, "--interval")
-    flush_s = _seconds(flush_timeout, "--flush-timeout")
+    interval_s = interval.seconds
+    flush_s = flush_timeout.seconds
     memory_bytes, spool_bytes = option_bytes(buffer, "--buffer"), option_bytes(spool_size, "--spool-size")
     _check_policy(xid_policy)
     options = CollectorOptions(node=node or "", path=path, url=url, journal=journal,
                                xid_policy_override=xid_policy,
-                               fold_window_ms=int(_seconds(fold_window, "--fold-window") * 1000))
+                               fold_window_ms=fold_window.ms)
     outbox, bus = (_kafka_outbox(kafka, source.value, memory_bytes, spool_dir, spool_bytes)
                    if kafka is not None else (None, None))
     deliver = _stdout_sink if outbox is None else (
@@ -226,14 +226,14 @@ def parse(
                              "Hostname label; others: 'unknown')."),
     xid_policy: Path = typer.Option(None, "--xid-policy", help="Operator CSV merged over the "
                                     "shipped Xid policy."),
-    fold_window: str = typer.Option("10s", "--fold-window", help="Identical Xids within this "
+    fold_window: Duration = duration_option("10s", "--fold-window", help="Identical Xids within this "
                                     "window are folded."),
 ) -> None:
     """Print a captured file's normalized records as JSON lines; counts on stderr."""
     _check_policy(xid_policy)
     options = CollectorOptions(node=node or ("" if kind is CapturedKind.dcgm else "unknown"),
                                xid_policy_override=xid_policy,
-                               fold_window_ms=int(_seconds(fold_window, "--fold-window") * 1000))
+                               fold_window_ms=fold_window.ms)
     try:
         with open(file, "rb") as handle:
             result = parser_for(kind.value)(handle, options)

@@ -26,7 +26,7 @@ from rich.table import Table
 from typer import Option as Opt
 
 from foreshock import shipped
-from foreshock.commands.durations import parse_duration
+from foreshock.commands.durations import Duration, duration_parser
 from foreshock.models.goodput import (
     JSON_KEYS,
     DrillReport,
@@ -48,11 +48,8 @@ from foreshock.models.goodput.plot import plot_ettr_vs_recall
 from foreshock.models.goodput.tiers import pair_loss_window_s
 from foreshock.models.reliability import DEFAULT_BURN_IN, SECONDS_PER_DAY, BurnIn
 
+_DURATION = {"parser": duration_parser(never=True), "metavar": "DURATION"}  # "inf": never
 SWEEP_RECALLS = tuple(k / 10 for k in range(11))
-
-
-def _seconds(text: str) -> float:
-    return math.inf if text.strip() in ("inf", "never") else parse_duration(text).total_seconds()
 
 
 def _trace_builder(profile: str | None, trace: str | None, dataset: Path | None, days: float, seed: int):
@@ -126,11 +123,11 @@ def _print_burn_in(console: Console, trace: FailureTrace, burn_in: BurnIn) -> No
                   f"service ({replay.node_s / trace.duration_s:.2f} nodes on average)", soft_wrap=True)
 
 
-def _burn_in(length: str | None, failures: int, window: str) -> BurnIn | None:
+def _burn_in(length: Duration | None, failures: int, window: Duration) -> BurnIn | None:
     if length is None:
         return None
     try:
-        return BurnIn(failures=failures, window_s=_seconds(window), length_s=_seconds(length))
+        return BurnIn(failures=failures, window_s=window.seconds, length_s=length.seconds)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--burn-in") from None
 
@@ -188,12 +185,15 @@ def goodput(
     recall: Annotated[float, Opt(help="Recall without --metrics.")] = 0.6,
     lead_minutes: Annotated[float, Opt(help="Median warning lead time without --metrics.")] = 30.0,
     false_alarms_per_1000_node_days: Annotated[float, Opt(help="False alarms without --metrics.")] = 1.0,
-    checkpoint: Annotated[str, Opt(help="Blocking part of a checkpoint write.")] = "30s",
-    restart: Annotated[str, Opt(help="Restart time after a crash.")] = "10m",
-    migration: Annotated[str, Opt(help="Migration time onto a spare after a warning.")] = "60s",
+    checkpoint: Annotated[Duration, Opt(**_DURATION, help="Blocking part of a checkpoint write.")] = "30s",
+    restart: Annotated[Duration, Opt(**_DURATION, help="Restart time after a crash.")] = "10m",
+    migration: Annotated[Duration, Opt(**_DURATION, help="Migration time onto a spare after a warning.")] = (
+        "60s"),
     spares: Annotated[int, Opt(help="Hot spare nodes.")] = 2,
-    spare_refill: Annotated[str, Opt(help="Time to replace a used spare ('inf': repair only).")] = "1h",
-    interval: Annotated[str, Opt(help="Checkpoint interval of the fixed baseline.")] = "30m",
+    spare_refill: Annotated[Duration, Opt(**_DURATION, help="Time to replace a used spare ('inf': repair "
+                                                           "only).")] = "1h",
+    interval: Annotated[Duration, Opt(**_DURATION, help="Checkpoint interval of the fixed baseline.")] = (
+        "30m"),
     seed: Annotated[int, Opt(help="Seed of profile draws and of the predictor's hits.")] = 0,
     as_json: Annotated[bool, Opt("--json", help="Print the table as JSON.")] = False,
     plot: Annotated[Path | None, Opt(help="PNG of ETTR against recall (default OUT/goodput.png).")] = None,
@@ -203,12 +203,14 @@ def goodput(
                                      "(drill-256mb): adds the tiered strategies.")] = None,
     state_gb_per_gpu: Annotated[float | None, Opt(help="Training state per GPU (GB) to project --drill "
                                                   "to, e.g. 0.4 for Llama 3 405B on 16,384 GPUs.")] = None,
-    burn_in: Annotated[str | None, Opt(help="Also replay every strategy (as STRATEGY+burn-in) with repaired "
+    burn_in: Annotated[Duration | None, Opt(**_DURATION, help="Also replay every strategy (as "
+                                            "STRATEGY+burn-in) with repaired "
                                        "nodes held out this long, e.g. 48h (what the real trace's "
                                        "repeat-failure curve gives).")] = None,
     burn_in_failures: Annotated[int, Opt(help="Burn-in: failures within --burn-in-window that send a "
                                          "repaired node into burn-in.")] = DEFAULT_BURN_IN.failures,
-    burn_in_window: Annotated[str, Opt(help="Burn-in: the window those failures are counted in.")] =
+    burn_in_window: Annotated[Duration, Opt(**_DURATION, help="Burn-in: the window those failures are "
+                                            "counted in.")] =
         f"{DEFAULT_BURN_IN.window_s / SECONDS_PER_DAY:g}d",
 ) -> None:
     """Compare checkpointing strategies (fixed, Young/Daly, Foreshock, oracle; tiered with --drill)."""
@@ -223,8 +225,8 @@ def goodput(
         sizes = [int(g) for g in gpus.split(",") if g.strip()]
     else:
         sizes = [own_gpus] if own_gpus else [1024, 4096, 16384]
-    params = JobParams(checkpoint_s=_seconds(checkpoint), restart_s=_seconds(restart),
-                       migration_s=_seconds(migration), spares=spares, spare_refill_s=_seconds(spare_refill))
+    params = JobParams(checkpoint_s=checkpoint.seconds, restart_s=restart.seconds,
+                       migration_s=migration.seconds, spares=spares, spare_refill_s=spare_refill.seconds)
     if metrics is not None:
         op = OperatingPoint.from_metrics(metrics_path, predictor)
     else:
@@ -233,7 +235,7 @@ def goodput(
     traces = {g: trace_for(g) for g in sizes}
     tiers = _projections(drill_path, state_gb_per_gpu, [t.gpus for t in traces.values()])
     tiered_for = None if tiers is None else (lambda tr: tiers[tr.gpus].job_params(params))
-    table = compare([traces[g] for g in sizes], params, op, fixed_interval_s=_seconds(interval), seed=seed,
+    table = compare([traces[g] for g in sizes], params, op, fixed_interval_s=interval.seconds, seed=seed,
                     tiered_for=tiered_for, burn_in=rule)
     by_gpus = {t.gpus: t for t in traces.values()}
     if as_json:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from foreshock.commands.durations import option_seconds as _seconds
+from foreshock.commands.durations import Duration, duration_option
 from foreshock.mitigator.drill import COMPONENTS, EXTRA_SCENARIOS, SCENARIOS, DrillSettings, run_drill
 from foreshock.mitigator.drill_mitigation import DrillParts
 from foreshock.models.reliability import DEFAULT_BURN_IN, SECONDS_PER_DAY
@@ -77,8 +77,8 @@ def mitigate(
     ),
     watch_at: float = typer.Option(0.3, "--watch-at", help="probability that puts a node on watch"),
     clear_below: float = typer.Option(0.2, "--clear-below", help="probability below which the risk clears"),
-    restart: str = typer.Option("10m", "--restart", help="time a crashed job needs to restart"),
-    migration: str = typer.Option("2m", "--migration", help="time a migration onto a spare takes"),
+    restart: Duration = duration_option("10m", "--restart", help="time a crashed job needs to restart"),
+    migration: Duration = duration_option("2m", "--migration", help="time a migration onto a spare takes"),
     max_drains: int = typer.Option(2, "--max-drains", help="cap on nodes draining/drained at once"),
     job_share: float = typer.Option(0.25, "--job-share", help="max share of a job's nodes moved at once"),
     breaker_share: float = typer.Option(
@@ -86,13 +86,13 @@ def mitigate(
         "--breaker-share",
         help="share of the fleet drained within --breaker-window that stops new drains",
     ),
-    breaker_window: str = typer.Option(
+    breaker_window: Duration = duration_option(
         "1h", "--breaker-window", help="sliding window the breaker counts drains over"
     ),
     reset_breaker: bool = typer.Option(
         False, "--reset-breaker", help="publish an (audited) reset of a tripped circuit breaker and exit"
     ),
-    burn_in: str = typer.Option(
+    burn_in: Duration = duration_option(
         f"{DEFAULT_BURN_IN.length_s / 3600:g}h", "--burn-in",
         help="how long a node back from repair with --burn-in-failures failures within --burn-in-window "
              "stays drained (no spare, no job) without a new fault before it returns; 0: no burn-in "
@@ -102,23 +102,23 @@ def mitigate(
         DEFAULT_BURN_IN.failures, "--burn-in-failures",
         help="failures within --burn-in-window (the one just repaired included) that call for a burn-in",
     ),
-    burn_in_window: str = typer.Option(
+    burn_in_window: Duration = duration_option(
         f"{DEFAULT_BURN_IN.window_s / SECONDS_PER_DAY:g}d", "--burn-in-window",
         help="window the failures are counted in",
     ),
     clear_burn_in: str | None = typer.Option(
         None, "--clear-burn-in", help="publish an (audited) end of NODE's burn-in (back to service) and exit"
     ),
-    horizon: str = typer.Option(
+    horizon: Duration = duration_option(
         "15m", "--horizon", help="risk records older than this at receipt are rejected (dead-lettered)"
     ),
-    clock_tolerance: str = typer.Option(
+    clock_tolerance: Duration = duration_option(
         "2m", "--clock-tolerance", help="risk records dated further ahead of receipt are rejected"
     ),
-    scheduler_timeout: str = typer.Option(
+    scheduler_timeout: Duration = duration_option(
         "15s", "--scheduler-timeout", help="bound on each scheduler call (scontrol, Kubernetes request)"
     ),
-    reconcile_every: str = typer.Option(
+    reconcile_every: Duration = duration_option(
         "30s", "--reconcile-every",
         help="read the scheduler's state this often and reconcile each node with it; 0: only at start",
     ),
@@ -136,7 +136,7 @@ def mitigate(
     policy: str = typer.Option("expected-loss", "--policy", help="decision policy, by registered name"),
     pin: str | None = typer.Option(None, "--pin", help="publish a pin request for NODE and exit"),
     unpin: str | None = typer.Option(None, "--unpin", help="publish an unpin request for NODE and exit"),
-    run_for: str | None = typer.Option(
+    run_for: Duration | None = duration_option(
         None, "--run-for", help="stop after this long (default: until signalled)"
     ),
 ) -> None:
@@ -160,10 +160,10 @@ def mitigate(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
-    stop_after = _seconds(run_for, "--run-for") if run_for else None
-    burn_in_s = _seconds(burn_in, "--burn-in")
+    stop_after = run_for.seconds if run_for else None
+    burn_in_s = burn_in.seconds
     try:
-        rule = BurnIn(failures=burn_in_failures, window_s=_seconds(burn_in_window, "--burn-in-window"),
+        rule = BurnIn(failures=burn_in_failures, window_s=burn_in_window.seconds,
                       length_s=burn_in_s) if burn_in_s > 0 else None
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--burn-in-failures") from None
@@ -188,12 +188,12 @@ def mitigate(
         config = PolicyConfig(
             watch_at=watch_at,
             clear_below=clear_below,
-            restart_s=_seconds(restart, "--restart"),
-            migration_s=_seconds(migration, "--migration"),
+            restart_s=restart.seconds,
+            migration_s=migration.seconds,
             max_concurrent_drains=max_drains,
             max_job_share=job_share,
             breaker_share=breaker_share,
-            breaker_window_ms=int(_seconds(breaker_window, "--breaker-window") * 1000),
+            breaker_window_ms=breaker_window.ms,
             spare_nodes=tuple(spare),
             burn_in=rule,
         )
@@ -204,19 +204,19 @@ def mitigate(
             POLICIES[policy](config),
             jobs=FileJobs(control_dir) if control_dir else StaticJobs(),
             fleet_size=fleet_size,
-            horizon_ms=int(_seconds(horizon, "--horizon") * 1000),
-            future_tolerance_ms=int(_seconds(clock_tolerance, "--clock-tolerance") * 1000),
+            horizon_ms=horizon.ms,
+            future_tolerance_ms=clock_tolerance.ms,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    sched = _scheduler(scheduler, kube_selector, _seconds(scheduler_timeout, "--scheduler-timeout"))
+    sched = _scheduler(scheduler, kube_selector, scheduler_timeout.seconds)
     channel = CHANNELS["file"](control_dir) if control_dir else CHANNELS["topic"](bus)
     try:
         audit_log = AuditLog(audit, bus=bus)
         executor = Executor(audit_log, scheduler=sched, channel=channel, acks=channel, dry_run=dry_run,
                             workers=workers)
         service = MitigationService(bus, engine, executor, group=group,
-                                    reconcile_every_s=_seconds(reconcile_every, "--reconcile-every"))
+                                    reconcile_every_s=reconcile_every.seconds)
     except AuditUnavailable as exc:
         _fail(str(exc))
     status = None
@@ -260,7 +260,8 @@ def drill(
                                    "--scheduler, nodes the scheduler knows; D only for pair_lost)"),
     kube_selector: str | None = typer.Option(None, "--kube-selector",
                                              help="label selector of the pods to evict"),
-    scheduler_timeout: str = typer.Option("15s", "--scheduler-timeout", help="bound on each scheduler call"),
+    scheduler_timeout: Duration = duration_option("15s", "--scheduler-timeout",
+                                                  help="bound on each scheduler call"),
 ) -> None:
     """Fire drill: a torchrun job on this machine loses nodes, warned and not; print each recovery."""
     names = tuple(n.strip() for n in scenarios.split(",") if n.strip())
@@ -277,7 +278,7 @@ def drill(
         raise typer.BadParameter(str(exc), param_hint="--nodes") from None
     if bus is BusName.kafka and not kafka:
         raise typer.BadParameter("--bus kafka needs --kafka HOST:PORT", param_hint="--kafka")
-    timeout_s = _seconds(scheduler_timeout, "--scheduler-timeout")
+    timeout_s = scheduler_timeout.seconds
     parts = _drill_parts(bus, kafka, scheduler, kube_selector, timeout_s)
     try:
         result = run_drill(settings, workdir=workdir, parts=parts)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from foreshock import shipped
-from foreshock.commands.durations import parse_duration
+from foreshock.commands.durations import Duration, duration_option
 from foreshock.ingest.simulator import (
     DEFAULT_START_MS,
     ProfileError,
@@ -34,8 +34,8 @@ def simulate(
     ),
     nodes: int = typer.Option(128, min=1, help="Number of nodes."),
     days: float = typer.Option(7.0, min=0.0, help="Simulated days."),
-    duration: str = typer.Option(None, help="Simulated duration instead of --days (e.g. 6h, 90m)."),
-    interval: str = typer.Option("30s", help="Sampling interval (e.g. 10s, 30s, 1m)."),
+    duration: Duration = duration_option(None, help="Simulated duration instead of --days (e.g. 6h, 90m)."),
+    interval: Duration = duration_option("30s", help="Sampling interval (e.g. 10s, 30s, 1m)."),
     seed: int = typer.Option(0, help="Random seed: the same seed gives the same bytes."),
     rate_multiplier: float = typer.Option(
         None, min=0.0, help="Scale the failure rate (default: the profile's, normally 1.0)."
@@ -53,13 +53,12 @@ def simulate(
         raise typer.BadParameter("give exactly one of --out DIR or --kafka BOOTSTRAP")
     try:
         prof = load_profile(profile_path(profile))
-        span = parse_duration(duration).total_seconds() if duration else days * 86_400
-        duration_ms = int(span * 1000)
+        duration_ms = duration.ms if duration is not None else round(days * 86_400_000)
         sim = Simulator(
             prof,
             nodes=nodes,
             duration_ms=duration_ms,
-            interval_ms=int(parse_duration(interval).total_seconds() * 1000),
+            interval_ms=interval.ms,
             seed=seed,
             start_ms=start_ms,
             rate_multiplier=rate_multiplier,
