@@ -1,26 +1,39 @@
-"""The risk service under load: ingestion, API latency and end-to-end delay, on a real broker.
+"""The risk service under load: ingestion cost, API latency and end-to-end delay, on a real broker.
 
-    .venv/bin/python benchmarks/bench_serve.py [--nodes 2048] [--seconds 30] [--quick]
+    .venv/bin/python benchmarks/bench_serve.py [--nodes 2048] [--seconds 30] [--processes 2]
+                                               [--profile] [--out DIR] [--quick]
 
-This process runs the service (consumer loop + HTTP API) as ``foreshock serve`` does. Two other
-processes (this file with ``--role``) make the load, both bounded in count and time: one
-publishes GPU scrapes of ``--nodes`` nodes (8 GPUs each), paced evenly at ``--samples-per-s``
-and each stamped when sent (event time = wall time), the other calls the API at ``--rps``
-requests/s. Scoring runs every ``--score-every`` of event time over every node.
+This process runs ``--processes`` ``foreshock serve`` processes (one consumer group, topics of
+``--partitions`` partitions) and only orchestrates and watches. Other processes (this file with
+``--role``) make the load, bounded in count and time: one publishes GPU scrapes of ``--nodes``
+nodes (8 GPUs each), paced evenly at ``--samples-per-s`` and each stamped when sent (event
+time = wall time), another calls the first service's API at ``--rps`` requests/s. Scoring runs
+every ``--score-every`` of event time over every node.
 
 Figures, each with a baseline measured in the same run:
-- GPU samples/s ingested by the service, against a decode-only consumer draining the same topic;
+- GPU samples per CPU-second of the service processes (every thread: loop, API, Kafka client),
+  against a decode-only consumer (its own process, the same :class:`RecordStream`) draining the
+  same topic after the services stop; with two processes, each one's share of the partitions,
+  the records and the CPU;
 - API latency p50/p99 of ``/v1/nodes/{node}`` and ``/v1/nodes``, against ``/healthz``;
-- end-to-end delay: telemetry record -> the risk record it changes (publication time of the
-  risk record minus the boundary it is for, plus the scoring period for a record that arrived
-  just after the previous boundary), against the bus's own publish->consume delay.
-Targets: >= 50,000 GPU samples/s, p99 < 20 ms, end-to-end < 2 s + the scoring period.
+- end-to-end delay: the publication time of a boundary's risk records minus the boundary (a
+  record that arrived just after the previous boundary waits one scoring period more), against
+  the bus's own publish -> consume delay;
+- resident memory of each service, and its checkpoints: bytes on disk, time to write one
+  partition, and how long the scoring loop stood still for each.
+Targets: ratio >= 0.5; at 50,000 samples/s offered the service keeps up with a boundary's risk
+records out < 2 s + the scoring period after it; API p99 < 20 ms at 500 requests/s.
+
+``--profile`` samples the first service with py-spy for the window: the collapsed stacks, an
+icicle graph (``serve-profile.html``) and the table of where the time went go to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import html
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +41,8 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +55,7 @@ from foreshock.ingest.stream import now_ms  # noqa: E402
 
 GPUS = 8
 _TS = 1_111_111_111_111  # placeholder time stamp in the pre-encoded scrapes
+_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _template(node: int) -> bytes:
@@ -115,6 +131,26 @@ def role_api(url: str, rps: float, seconds: float, nodes: int) -> None:
     print(json.dumps({**out, "lost": [float(lost[0])], "sent_per_s": [sent / (time.perf_counter() - t0)]}))
 
 
+def role_decode(bootstrap: str, seconds: float) -> None:
+    """The baseline: a consumer that only decodes (no features, no model) drains the GPU topic
+    from its start in a new group, until it is empty or ``seconds`` pass; prints the samples and
+    the CPU-seconds of this process (every thread) from its first record on."""
+    from foreshock.ingest.kafka_bus import KafkaBus
+    from foreshock.ingest.stream import RecordStream
+
+    bus = KafkaBus(bootstrap)
+    stream = RecordStream(bus, bus.consumer(f"bench-decode-{uuid.uuid4().hex[:6]}", [Topic.GPU]))
+    t0, first, base, cpu0, empty = time.monotonic(), None, 0, 0.0, 0
+    while time.monotonic() - t0 < seconds and empty < 3:
+        got = stream.poll(0.5, 5_000)
+        if got and first is None:
+            first, base, cpu0 = time.monotonic(), stream.records, time.process_time()
+        empty = 0 if got or first is None else empty + 1
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - (first or t0)
+    stream.close()
+    print(json.dumps({"samples": stream.records - base, "cpu_s": cpu, "wall_s": wall}))
+
+
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -130,34 +166,21 @@ def _train_model(tmp: Path) -> Path:
     return tmp / "train" / "model"
 
 
-def _decode_only_rate(bootstrap: str, seconds: float) -> float:
-    """Baseline: GPU samples/s a consumer that only decodes (no features, no model) drains."""
-    from foreshock.ingest.kafka_bus import KafkaBus
-    from foreshock.ingest.stream import RecordStream
-
-    bus = KafkaBus(bootstrap)
-    stream = RecordStream(bus, bus.consumer(f"bench-decode-{uuid.uuid4().hex[:6]}", [Topic.GPU]))
-    t0, first = time.monotonic(), None
-    while time.monotonic() - t0 < seconds:
-        got = stream.poll(0.5)
-        if got and first is None:
-            first, base = time.monotonic(), stream.records
-    rate = (stream.records - base) / (time.monotonic() - first) if first else float("nan")
-    stream.close()
-    return rate
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--role", choices=["telemetry", "api"], help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=["telemetry", "api", "decode"], help=argparse.SUPPRESS)
     ap.add_argument("--kafka", help="use this broker (fresh topics expected) instead of starting one")
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--model", help="a model folder (default: train a small one first)")
     ap.add_argument("--nodes", type=int, default=2048)
     ap.add_argument("--seconds", type=float, default=30.0, help="measurement window")
-    ap.add_argument("--samples-per-s", type=float, default=80_000.0, help="offered GPU samples/s (cap)")
+    ap.add_argument("--samples-per-s", type=float, default=50_000.0, help="offered GPU samples/s")
     ap.add_argument("--rps", type=float, default=500.0)
     ap.add_argument("--score-every", type=float, default=10.0, help="seconds of event time")
+    ap.add_argument("--processes", type=int, default=1, help="service processes in the consumer group")
+    ap.add_argument("--partitions", type=int, default=8, help="partitions of each topic")
+    ap.add_argument("--profile", action="store_true", help="sample the first service with py-spy")
+    ap.add_argument("--out", type=Path, help="output folder (default: runs/bench_serve/<UTC time>)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 256 nodes, 8 s, 100 req/s, 2 s period")
     args = ap.parse_args()
     if args.role == "telemetry":
@@ -166,23 +189,34 @@ def main() -> int:
     if args.role == "api":
         role_api(args.url, args.rps, args.seconds, args.nodes)
         return 0
+    if args.role == "decode":
+        role_decode(args.kafka, args.seconds)
+        return 0
     if args.quick:
         args.nodes, args.seconds, args.rps, args.score_every = 256, 8.0, 100.0, 2.0
+    args.out = args.out or _ROOT / "runs" / "bench_serve" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    args.out.mkdir(parents=True, exist_ok=True)
     return run(args)
 
 
-def _consumed(url: str) -> float:
-    """The service's GPU records consumed so far, read from its /metrics."""
+def _metrics(url: str) -> dict[str, float]:
+    """The service's own series from its /metrics (``name{labels}`` -> value), per-node gauges left out."""
     import httpx
 
-    text = httpx.get(f"{url}/metrics", timeout=60).text
-    for line in text.splitlines():
-        if line.startswith("foreshock_predictor_records_consumed_total") and Topic.GPU in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    out = {}
+    for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines():
+        if line.startswith("foreshock_predictor_"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _consumed(metrics: dict[str, float]) -> float:
+    return metrics.get(f'foreshock_predictor_records_consumed_total{{topic="{Topic.GPU}"}}', 0.0)
+
+
+def _wait(url: str, proc: subprocess.Popen, path: str, timeout: float = 180) -> None:
+    """Until ``url + path`` answers 200 (``/readyz``: caught up; ``/healthz``: the loop runs)."""
     import httpx
 
     deadline = time.monotonic() + timeout
@@ -190,68 +224,121 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
         if proc.poll() is not None:
             raise RuntimeError("foreshock serve exited")
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise TimeoutError("foreshock serve did not become ready")
+    raise TimeoutError(f"foreshock serve did not answer {path}")
+
+
+@dataclass
+class _Service:
+    """One ``foreshock serve`` process and what was read of it (:meth:`sample`)."""
+
+    proc: subprocess.Popen
+    url: str
+    samples: list[dict] = field(default_factory=list)
+
+    def sample(self) -> dict:
+        ps = psutil.Process(self.proc.pid)
+        times, metrics = ps.cpu_times(), _metrics(self.url)
+        out = {"t": time.monotonic(), "cpu": times.user + times.system, "consumed": _consumed(metrics),
+               "rss": ps.memory_info().rss, "metrics": metrics}
+        self.samples.append(out)
+        return out
+
+
+def _start_services(args: argparse.Namespace, bootstrap: str, model: Path, ckpt: Path, tag: str
+                    ) -> list[_Service]:
+    """``--processes`` services in one new consumer group, sharing the checkpoint folder ``ckpt``."""
+    from foreshock.ingest.kafka_local import free_port
+
+    group, services = f"bench-{tag}-{uuid.uuid4().hex[:6]}", []
+    for i in range(args.processes):
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "foreshock", "serve", "--kafka", bootstrap, "--model", str(model),
+             "--port", str(port), "--score-every", f"{args.score_every:g}s", "--group", group,
+             "--checkpoint-dir", str(ckpt), "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=(args.out / f"serve-{tag}-{i}.log").open("wb"))
+        services.append(_Service(proc, f"http://127.0.0.1:{port}"))
+    return services
+
+
+def _stop(services: list[_Service]) -> None:
+    """SIGTERM: each service checkpoints what it owns and leaves the group."""
+    for s in services:
+        s.proc.terminate()
+    for s in services:
+        s.proc.wait(120)
 
 
 def run(args: argparse.Namespace) -> int:
-    """The service is a ``foreshock serve`` process; this process only orchestrates and watches."""
+    """Live phase (offered load, API calls), drain phase (fresh services catch up with everything the
+    live phase published), then the decode-only consumer drains the same topic."""
     from foreshock.ingest.kafka_bus import ensure_topics
-    from foreshock.ingest.kafka_local import LocalKafka, free_port
+    from foreshock.ingest.kafka_local import LocalKafka
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     broker = None if args.kafka else LocalKafka(data_dir=tmp / "kafka").start()
     bootstrap = args.kafka or broker.bootstrap
-    procs: list[subprocess.Popen] = []
+    services: list[_Service] = []
+    others: list[subprocess.Popen] = []
     stop = threading.Event()
+    me = [sys.executable, __file__]
     try:
-        ensure_topics(bootstrap)
+        ensure_topics(bootstrap, partitions=args.partitions)
         model = Path(args.model) if args.model else _train_model(tmp)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        serve = subprocess.Popen(
-            [sys.executable, "-m", "foreshock", "serve", "--kafka", bootstrap, "--model", str(model),
-             "--port", str(port), "--score-every", f"{args.score_every:g}s", "--group",
-             f"bench-{uuid.uuid4().hex[:6]}", "--checkpoint-dir", str(tmp / "ckpt"),
-             "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=(tmp / "serve.log").open("wb"))
-        procs.append(serve)
-        _wait_ready(url, serve)
+        live = services = _start_services(args, bootstrap, model, tmp / "ckpt-live", "live")
+        for s in live:
+            _wait(s.url, s.proc, "/readyz")
         delays, hops = _watch_risk(bootstrap, stop)
         warm = 2.5 * args.score_every
-        me = [sys.executable, __file__]
         load = subprocess.Popen(
             [*me, "--role", "telemetry", "--kafka", bootstrap, "--nodes", str(args.nodes),
              "--seconds", str(warm + args.seconds), "--samples-per-s", str(args.samples_per_s)],
             stdout=subprocess.PIPE, text=True)
-        procs.append(load)
+        others.append(load)
         time.sleep(warm)  # first boundaries scored, every node known
-        cpu = psutil.Process(serve.pid)
-        c0, t0, window_start_ms, cpu0 = _consumed(url), time.monotonic(), now_ms(), _cpu_seconds(cpu)
+        window_start_ms = now_ms()
+        for s in live:
+            s.sample()
         caller = subprocess.Popen(
-            [*me, "--role", "api", "--url", url, "--rps", str(args.rps), "--seconds", str(args.seconds),
-             "--nodes", str(args.nodes)], stdout=subprocess.PIPE, text=True)
-        procs.append(caller)
+            [*me, "--role", "api", "--url", live[0].url, "--rps", str(args.rps),
+             "--seconds", str(args.seconds), "--nodes", str(args.nodes)], stdout=subprocess.PIPE, text=True)
+        others.append(caller)
         api = json.loads(caller.communicate(timeout=args.seconds + 60)[0])
-        c1, t1, cpu1 = _consumed(url), time.monotonic(), _cpu_seconds(cpu)
+        for s in live:
+            s.sample()
         offered = json.loads(load.communicate(timeout=120)[0])
         time.sleep(min(3.0, args.score_every))  # the last boundary's records reach the watcher
         stop.set()
-        serve.terminate()
-        serve.wait(60)
-        ingest = (c1 - c0) / (t1 - t0)
-        share = (cpu1 - cpu0) / (t1 - t0)  # cores the service process got (all its threads)
-        baseline = _decode_only_rate(bootstrap, 5.0)
-        _report(args, ingest, share, offered, baseline, api, [d for d in delays if d[0] >= window_start_ms],
-                hops)
+        _stop(live)
+
+        drain = services = _start_services(args, bootstrap, model, tmp / "ckpt", "drain")
+        for s in drain:
+            _wait(s.url, s.proc, "/healthz")
+            s.sample()
+        spy = _start_profile(drain[0].proc.pid, args) if args.profile else None
+        _follow_drain(drain, offered["samples"], timeout=600)
+        _stop(drain)
+        if spy is not None:
+            spy.wait(60)
+        decode = subprocess.run([*me, "--role", "decode", "--kafka", bootstrap, "--seconds", "30"],
+                                capture_output=True, text=True, timeout=120, check=True)
+        baseline = json.loads(decode.stdout)
+        window = [d for d in delays if d[0] >= window_start_ms]
+        ckpt = _checkpoint_bytes(tmp / "ckpt")
+        lines = _report(args, live, drain, offered, baseline, api, window, hops, ckpt)
+        if spy is not None:
+            lines += _profile_report(args.out / "serve-profile.txt", args.out / "serve-profile.html")
+        (args.out / "report.txt").write_text("\n".join(lines) + "\n")
+        print(f"(report, profile and logs in {args.out})")
         return 0
     finally:
         stop.set()
-        for p in procs:
+        for p in [*others, *(s.proc for s in services)]:
             if p.poll() is None:
                 p.kill()
         if broker is not None:
@@ -259,44 +346,236 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)  # about 1 GB of broker log and checkpoints per run
 
 
-def _cpu_seconds(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return times.user + times.system
+def _follow_drain(services: list[_Service], total: int, timeout: float) -> None:
+    """Sample the services every second (each sample renders their /metrics, per-node series
+    included) until together they have taken ``total`` samples and none took more in the last two
+    seconds (or ``timeout`` passes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        for s in services:
+            s.sample()
+        settled = all(len(s.samples) > 2 and s.samples[-1]["consumed"] == s.samples[-3]["consumed"]
+                      for s in services)
+        if sum(s.samples[-1]["consumed"] for s in services) >= total and settled:
+            return
 
 
-def _report(args, ingest: float, share: float, offered: dict, baseline: float, api: dict, window: list,
-            hops: list) -> None:
+def _drain_span(s: _Service) -> tuple[dict, dict]:
+    """The samples around a service's drain: the last before its first record, the first after its last."""
+    final = s.samples[-1]["consumed"]
+    start = max((x for x in s.samples if x["consumed"] == 0), key=lambda x: x["t"], default=s.samples[0])
+    end = next(x for x in s.samples if x["consumed"] == final)
+    return start, end
+
+
+def _checkpoint_bytes(root: Path) -> dict[int, int]:
+    """Bytes of each partition's live checkpoint generation (engine + meta) under ``root``."""
+    out = {}
+    for part in sorted(root.glob("p[0-9]*")):
+        current = part / "CURRENT"
+        if current.exists():
+            gen = part / current.read_text().strip()
+            out[int(part.name[1:])] = sum(f.stat().st_size for f in gen.rglob("*") if f.is_file())
+    return out
+
+
+def _histogram(metrics: dict[str, float], name: str) -> tuple[float, float, float]:
+    """(count, sum, upper bound of the largest observation) of a Prometheus histogram."""
+    count = metrics.get(f"{name}_count", 0.0)
+    top = float("nan")
+    for key, value in metrics.items():
+        if key.startswith(f"{name}_bucket") and value >= count > 0:
+            le = float(re.search(r'le="([^"]+)"', key).group(1))
+            top = le if np.isnan(top) else min(top, le)
+    return count, metrics.get(f"{name}_sum", 0.0), top
+
+
+def _report(args, live: list[_Service], drain: list[_Service], offered: dict, baseline: dict, api: dict,
+            window: list, hops: list, ckpt: dict[int, int]) -> list[str]:
+    lines: list[str] = []
+
+    def say(text: str) -> None:
+        print(text)
+        lines.append(text)
+
+    lag_key, owned_key = "foreshock_predictor_consumer_lag_records", "foreshock_predictor_partitions_owned"
+    load = " ".join(f"{x:.2f}" for x in psutil.getloadavg())
+    say(f"risk service (foreshock serve) x {args.processes}, {psutil.cpu_count()} cores shared with the "
+        f"broker and the load (load average {load}): {args.nodes} nodes x {GPUS} GPUs, {args.partitions} "
+        f"partitions, scoring every {args.score_every:g} s of event time")
+
+    spans = [_drain_span(s) for s in drain]
+    taken = [end["consumed"] - start["consumed"] for start, end in spans]
+    cpu = [end["cpu"] - start["cpu"] for start, end in spans]
+    wall = max(end["t"] for _, end in spans) - min(start["t"] for start, _ in spans)
+    per_cpu, base_per_cpu = sum(taken) / sum(cpu), baseline["samples"] / baseline["cpu_s"]
+    ratio = per_cpu / base_per_cpu
+    say(f"drain       fresh services catch up with the {sum(taken):,.0f} GPU samples the live phase "
+        f"published: {sum(taken) / wall:,.0f} samples/s in {wall:.1f} s")
+    say(f"  per CPU-s {per_cpu:>10,.0f} GPU samples per CPU-second of the services (every thread)")
+    say(f"  baseline  {base_per_cpu:>10,.0f} GPU samples per CPU-second, decode-only consumer draining the "
+        f"same topic ({baseline['samples'] / baseline['wall_s']:,.0f} samples/s)")
+    say(f"  ratio     {ratio:10.2f}   target >= 0.5: {'met' if ratio >= 0.5 else 'NOT met'}")
+    for i, ((start, end), n, c) in enumerate(zip(spans, taken, cpu, strict=True)):
+        owned = end["metrics"].get(owned_key, float("nan"))
+        say(f"  process {i} {owned:.0f} partitions, {n / sum(taken):.0%} of the samples at "
+            f"{n / (end['t'] - start['t']):,.0f}/s, {c:.1f} CPU-s: {n / c:,.0f} samples per CPU-second")
+
+    wall_live = [s.samples[1]["t"] - s.samples[0]["t"] for s in live]
+    ingested = [(s.samples[1]["consumed"] - s.samples[0]["consumed"]) / w for s, w in zip(live, wall_live,
+                                                                                           strict=True)]
+    cpu_live = [(s.samples[1]["cpu"] - s.samples[0]["cpu"]) / w for s, w in zip(live, wall_live, strict=True)]
+    rate = offered["samples"] / offered["seconds"]
+    behind = max(s.samples[1]["metrics"].get(lag_key, 0) * GPUS for s in live)  # samples, about
+    keeps_up = sum(ingested) >= 0.95 * rate and behind < 2 * rate
+    say(f"live        {sum(ingested):,.0f} GPU samples/s taken of {rate:,.0f}/s offered over "
+        f"{args.seconds:g} s, {sum(cpu_live):.2f} CPU-s/s ({sum(ingested) / sum(cpu_live):,.0f} samples per "
+        f"CPU-second, the API's included); keeps up: {'yes' if keeps_up else 'NO'} (>= 95 % taken, lag "
+        f"< 2 s of it)")
+    for i, (x, c) in enumerate(zip(ingested, cpu_live, strict=True)):
+        say(f"  process {i} {x:,.0f} samples/s ({x / sum(ingested):.0%}), {c:.2f} CPU-s/s")
     per_boundary: dict[int, int] = {}
     for t, n, _ in window:
         per_boundary[t] = per_boundary.get(t, 0) + n
     e2e = [d for _, _, d in window]
     period_s = args.score_every
-    print(f"risk service (foreshock serve), {psutil.cpu_count()} cores shared with the broker and the load: "
-          f"{args.nodes} nodes x {GPUS} GPUs, scoring every {period_s:g} s of event time, "
-          f"window {args.seconds:g} s")
-    rate = offered["samples"] / offered["seconds"]
-    print(f"ingest      {ingest:>10,.0f} GPU samples/s  (offered {rate:,.0f}/s)"
-          f"   target >= 50,000: {'met' if ingest >= 50_000 else 'NOT met'}")
-    print(f"  per core  {ingest / share:>10,.0f} GPU samples per CPU-second of the service process, "
-          f"which got {share:.2f} of the {psutil.cpu_count()} cores (the broker and the load share them)")
-    print(f"  baseline  {baseline:>10,.0f} GPU samples/s decode-only consumer; ratio {ingest / baseline:.2f}")
-    print(f"scoring     {len(per_boundary)} boundaries in the window; nodes per boundary "
-          f"{sorted(set(per_boundary.values()))}")
-    print(f"API load    {api['sent_per_s'][0]:.0f} requests/s sent (asked {args.rps:g}), "
-          f"{api['lost'][0]:.0f} failed or timed out")
+    worst = _pct(e2e, 99) + period_s
+    say(f"  scoring   {len(per_boundary)} boundaries in the window; nodes per boundary "
+        f"{sorted(set(per_boundary.values()))}")
+    say(f"end-to-end  boundary -> risk record p50 {_pct(e2e, 50):.2f} s, p99 {_pct(e2e, 99):.2f} s; "
+        f"record -> risk record at worst (p99 + period) {worst:.2f} s   target < {2 + period_s:g} s: "
+        f"{'met' if worst < 2 + period_s else 'NOT met'}")
+    say(f"  baseline  bus publish -> consume p50 {_pct(hops, 50):.3f} s, p99 {_pct(hops, 99):.3f} s")
+    say(f"API load    {api['sent_per_s'][0]:.0f} requests/s sent to process 0 (asked {args.rps:g}), "
+        f"{api['lost'][0]:.0f} failed or timed out")
     health = api["healthz"]
     for kind in ("node", "list"):
         lat = api[kind]
-        print(f"API {kind:<7} p50 {_pct(lat, 50) * 1e3:8.2f} ms  p99 {_pct(lat, 99) * 1e3:8.2f} ms  "
-              f"({len(lat)} requests); p99 ratio to /healthz {_pct(lat, 99) / _pct(health, 99):.2f}   "
-              f"target p99 < 20 ms: {'met' if _pct(lat, 99) < 0.020 else 'NOT met'}")
-    print(f"  baseline  /healthz p50 {_pct(health, 50) * 1e3:8.2f} ms  p99 {_pct(health, 99) * 1e3:8.2f} ms")
-    worst = _pct(e2e, 99) + period_s
-    print(f"end-to-end  boundary -> risk record p50 {_pct(e2e, 50):.2f} s, p99 {_pct(e2e, 99):.2f} s; "
-          f"record -> risk record at worst (p99 + period) {worst:.2f} s   target < {2 + period_s:g} s: "
-          f"{'met' if worst < 2 + period_s else 'NOT met'}")
-    print(f"  baseline  bus publish -> consume p50 {_pct(hops, 50):.3f} s, p99 {_pct(hops, 99):.3f} s; "
-          f"ratio of p99s {_pct(e2e, 99) / max(_pct(hops, 99), 1e-3):.1f}")
+        say(f"API {kind:<7} p50 {_pct(lat, 50) * 1e3:8.2f} ms  p99 {_pct(lat, 99) * 1e3:8.2f} ms  "
+            f"({len(lat)} requests)   target p99 < 20 ms: {'met' if _pct(lat, 99) < 0.020 else 'NOT met'}")
+    say(f"  baseline  /healthz p50 {_pct(health, 50) * 1e3:8.2f} ms  p99 {_pct(health, 99) * 1e3:8.2f} ms")
+
+    for i, (_, end) in enumerate(spans):
+        m = end["metrics"]
+        n, write_s, top = _histogram(m, "foreshock_predictor_checkpoint_duration_seconds")
+        n_stall, stall_s, stall_top = _histogram(m, "foreshock_predictor_checkpoint_stall_seconds")
+        rss = max(x["rss"] for x in drain[i].samples)
+        say(f"memory {i}    resident {rss / 2**20:,.0f} MiB at most in the drain; {n:.0f} partition "
+            f"checkpoints, {write_s / max(n, 1) * 1e3:,.0f} ms each on average (largest <= {top:g} s); the "
+            f"loop stood still {stall_s / max(n_stall, 1) * 1e3:,.1f} ms per checkpoint (largest <= "
+            f"{stall_top:g} s)")
+    if ckpt:
+        say(f"checkpoint  {sum(ckpt.values()) / 2**20:,.1f} MiB on disk for {args.nodes} nodes in "
+            f"{len(ckpt)} partitions ({max(ckpt.values()) / 2**20:,.1f} MiB the largest)")
+    figures = {
+        "ratio": ratio, "per_cpu_s": per_cpu, "baseline_per_cpu_s": base_per_cpu,
+        "drain_per_s": sum(taken) / wall,
+        "drain_share": [n / sum(taken) for n in taken], "live_per_s": sum(ingested), "offered_per_s": rate,
+        "keeps_up": keeps_up, "e2e_p50_s": _pct(e2e, 50), "e2e_p99_s": _pct(e2e, 99),
+        "api_node_p99_s": _pct(api["node"], 99), "api_list_p99_s": _pct(api["list"], 99),
+        "healthz_p99_s": _pct(health, 99), "checkpoint_bytes": ckpt, "load": psutil.getloadavg(),
+        "rss": [max(x["rss"] for x in s.samples) for s in drain],
+    }
+    (args.out / "figures.json").write_text(json.dumps(figures, indent=1))
+    return lines
+
+
+def _start_profile(pid: int, args: argparse.Namespace) -> subprocess.Popen:
+    """py-spy (the dev extra) sampling ``pid`` for the drain, as collapsed stacks: whichever thread
+    holds the interpreter lock (the process is bound by it), so each sample is a slice of the core."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy: pip install -e '.[dev]'")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", "600",
+                             "--format", "raw", "--nolineno", "--gil", "--rate", "100",
+                             "--output", str(args.out / "serve-profile.txt")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# Where a sample of the scoring loop's thread goes: the deepest frame of its stack that one of
+# these names (function, "" for any; file). Other threads: the HTTP API's, or the Kafka client's.
+_STAGES = (
+    ("Kafka consumer: fetch, record batches", "poll", "ingest/kafka_bus.py"),
+    ("decode + validate (msgspec)", "decode", "ingest/contract.py"),
+    ("records -> columns", "", "ingest/columns.py"),
+    ("records -> columns", "", "features/frames.py"),
+    ("decode: stream bookkeeping", "", "ingest/stream.py"),
+    ("hold records (partition)", "", "predictor/partition.py"),
+    ("hold records (partition)", "run_once", "predictor/service.py"),
+    ("engine update: bucket statistics", "", "features/buckets.py"),
+    ("engine update: other", "", "predictor/held.py"),
+    ("engine update: other", "update_frames", "features/online.py"),
+    ("features_at", "features_at", "features/online.py"),
+    ("model: predict + SHAP", "score_frame", "predictor/scoring.py"),
+    ("publish risk records", "publish", ""),
+    ("checkpoint", "checkpoint", "predictor/service.py"),
+    ("checkpoint", "", "predictor/checkpoint.py"),
+    ("scoring: other", "_score_due", "predictor/service.py"),
+)
+
+
+def _stage(frames: list[str]) -> str:
+    # py-spy names a frame "Class.function (package/file.py)"
+    split = (f.partition(" (") for f in frames)
+    parsed = [(name.rsplit(".", 1)[-1], where.rstrip(")")) for name, _, where in split]
+    if not any(name == "run" and where == "predictor/service.py" for name, where in parsed):
+        if any(w.startswith(("uvicorn/", "starlette/", "fastapi/", "asyncio/")) for _, w in parsed):
+            return "HTTP API thread"
+        return "Kafka client threads" if any(w.startswith("kafka/") for _, w in parsed) else "other threads"
+    for name, where in reversed(parsed):
+        for label, function, file in _STAGES:
+            if (not function or name == function) and where.endswith(file):
+                return label
+    return "loop: other"
+
+
+def _profile_report(raw: Path, page: Path) -> list[str]:
+    """Where the first service's samples went (by :data:`_STAGES`), and its icicle graph as HTML."""
+    if not raw.exists():
+        return ["profile     py-spy wrote nothing (could it attach?)"]
+    tree: dict = {}
+    stages: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames, n = stack.split(";"), int(count)
+        total += n
+        stages[_stage(frames)] = stages.get(_stage(frames), 0) + n
+        node = tree
+        for f in frames:
+            node = node.setdefault(f, {"": 0})
+            node[""] += n
+    lines = [f"profile     py-spy, {total:,} samples of process 0 (every thread); flame graph {page}"]
+    for label, n in sorted(stages.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {n / total:6.1%}  {label}")
+    page.write_text(_icicle(tree, total))
+    print("\n".join(lines))
+    return lines
+
+
+def _icicle(tree: dict, total: int) -> str:
+    """A self-contained HTML icicle graph: each frame as wide as its share of the samples."""
+
+    def block(name: str, node: dict) -> str:
+        n = node[""]
+        if n * 1000 < total:  # under 0.1 %: left out
+            return ""
+        kids = "".join(block(k, v) for k, v in sorted(node.items(), key=lambda kv: -kv[1][""] if kv[0] else 0)
+                       if k)
+        label = html.escape(name)
+        width, share = 100 * n / total, f"{n / total:.1%}"
+        return (f'<div class="f" style="width:{width:.3f}%" title="{label} - {share}">'
+                f'<span>{label}</span><div class="k">{kids}</div></div>')
+
+    root = "".join(block(k, v) for k, v in tree.items())
+    style = ("body{font:11px monospace}.f{display:inline-block;vertical-align:top;overflow:hidden;"
+             "box-sizing:border-box}.f>span{display:block;background:#f4b183;border:1px solid #fff;"
+             "white-space:nowrap;overflow:hidden;height:15px}.k{display:flex;width:100%}")
+    return (f"<!doctype html><meta charset=utf-8><title>foreshock serve profile</title><style>{style}</style>"
+            f"<p>{total:,} samples; hover a frame for its share.</p><div style='display:flex'>{root}</div>")
 
 
 def _watch_risk(bootstrap: str, stop: threading.Event) -> tuple[list, list]:

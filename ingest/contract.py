@@ -410,8 +410,11 @@ def encode(records: Any) -> bytes:
 TOMBSTONE_REASON: Final = "tombstone: the message has no value (null), and the contract defines no deletion"
 
 
-def decode(topic: str, data: bytes | None) -> list[Any]:
+def decode(topic: str, data: bytes | None, *, decoder: msgspec.json.Decoder | None = None) -> list[Any]:
     """Decode and validate a message of ``topic``; always returns a list of records.
+
+    ``decoder``: one for a type derived from the topic's record type that accepts and refuses the
+    same messages (:class:`foreshock.ingest.columns.ColumnDecoder`); default: the topic's own.
 
     Raises :class:`RecordError` with a reason such as ``Expected `int` >= 0 - at `$.ts```, and
     nothing else, whatever the bytes.
@@ -423,10 +426,11 @@ def decode(topic: str, data: bytes | None) -> list[Any]:
     so every consumer dead-letters it with this reason and commits past it (the contract's
     rule: a bad record is never silently dropped).
     """
-    try:
-        decoder = _decoders[topic]
-    except KeyError:
-        raise RecordError(topic, f"unknown topic {topic!r}") from None
+    if decoder is None:
+        try:
+            decoder = _decoders[topic]
+        except KeyError:
+            raise RecordError(topic, f"unknown topic {topic!r}") from None
     if data is None:
         raise RecordError(topic, TOMBSTONE_REASON)
     try:

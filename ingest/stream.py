@@ -7,20 +7,26 @@ offset and the reason, so a bad record neither kills the consumer nor silently d
 covers every message a foreign producer can write: a tombstone (no value) and a value too large
 to carry whole in its dead letter (which then holds its head, its size and its hash) included.
 The risk service and the mitigation service consume through it, so neither needs a case of its own.
+
+:meth:`RecordStream.poll_batches` hands out a poll a log at a time, the records as numpy columns
+(:mod:`foreshock.ingest.columns`), for a consumer that computes on many records at once.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from foreshock.ingest.bus import Bus, Consumer, Message
-from foreshock.ingest.contract import DeadLetter, RecordError, Topic, decode, encode, topic_of
+import numpy as np
 
-__all__ = ["publish", "Decoded", "RecordStream", "now_ms"]
+from foreshock.ingest.bus import Bus, Consumer, Message
+from foreshock.ingest.columns import ColumnDecoder, record_columns
+from foreshock.ingest.contract import RECORD_TYPES, DeadLetter, RecordError, Topic, decode, encode, topic_of
+
+__all__ = ["publish", "Decoded", "Batch", "RecordStream", "now_ms"]
 
 
 def now_ms() -> int:
@@ -46,6 +52,30 @@ class Decoded:
     records: list[Any]
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One poll's messages of one log (topic, partition), in log order, their records as columns.
+
+    Message ``i`` holds the next ``counts[i]`` rows of ``columns``: none when it went to the
+    dead-letter topic (its offset is still read).
+    """
+
+    topic: str
+    partition: int
+    messages: list[Message]
+    offsets: np.ndarray
+    counts: np.ndarray
+    columns: dict[str, np.ndarray]
+
+    def without(self, refused: Iterable[int]) -> Batch:
+        """The batch with no rows for the messages at the indices ``refused``."""
+        drop = np.zeros(len(self.messages), dtype=bool)
+        drop[list(refused)] = True
+        keep = ~np.repeat(drop, self.counts)
+        return Batch(self.topic, self.partition, self.messages, self.offsets, np.where(drop, 0, self.counts),
+                     {k: v[keep] for k, v in self.columns.items()})
+
+
 class RecordStream:
     """Decode what a consumer polls; dead-letter what does not decode; commit after handling.
 
@@ -60,6 +90,7 @@ class RecordStream:
         self.clock = clock
         self.dead_letters = 0
         self.records = 0
+        self._decoders: dict[str, ColumnDecoder] = {}
 
     def poll(self, timeout_s: float = 1.0, max_records: int = 10_000) -> list[Decoded]:
         out = []
@@ -76,6 +107,48 @@ class RecordStream:
             self.records += len(records)
             out.append(Decoded(m, records))
         return out
+
+    def poll_batches(self, fields: Mapping[str, Sequence[str]], timeout_s: float = 1.0,
+                     max_records: int = 10_000) -> list[Batch]:
+        """Like :meth:`poll`, a log at a time: the records' ``node``, ``ts`` and ``fields[topic]``
+        as columns (topics whose records name a node: the telemetry topics). The same messages go
+        to the dead-letter topic, with the same reasons."""
+        logs: dict[tuple[str, int], list[Message]] = {}
+        for m in self.consumer.poll(timeout_s, max_records):
+            logs.setdefault((m.topic, m.partition), []).append(m)
+        return [self._batch(topic, partition, messages, fields.get(topic, ()))
+                for (topic, partition), messages in logs.items()]
+
+    def _batch(self, topic: str, partition: int, messages: list[Message], fields: Sequence[str]) -> Batch:
+        known = topic in RECORD_TYPES
+        if known and topic not in self._decoders:
+            self._decoders[topic] = ColumnDecoder(topic)
+        counts = np.zeros(len(messages), dtype=np.int64)
+        records: list[Any] = []
+        refused: dict[int, str] = {}
+        for i, m in enumerate(messages):
+            try:
+                got = self._decoders[topic].decode(m.value) if known else decode(topic, m.value)
+            except RecordError as exc:
+                refused[i] = exc.reason
+                continue
+            counts[i] = len(got)
+            records.extend(got)
+        names = list(dict.fromkeys(["node", "ts", *fields]))
+        batch = Batch(topic, partition, messages, np.array([m.offset for m in messages]), counts,
+                      record_columns(topic, records, names) if known else {})
+        keys = np.empty(len(messages), dtype=object)
+        keys[:] = [m.key for m in messages]
+        wrong = np.repeat(keys, counts) != batch.columns["node"] if counts.any() else np.zeros(0, bool)
+        if wrong.any():  # a record's node must be its message's key (a message without a key: any)
+            for i in np.unique(np.repeat(np.arange(len(messages)), counts)[wrong]).tolist():
+                if messages[i].key is not None:
+                    refused[i] = f"record node does not match message key {messages[i].key!r}"
+        for i in sorted(refused):
+            self.dead_letter(messages[i], refused[i])
+        batch = batch.without(refused)
+        self.records += int(batch.counts.sum())
+        return batch
 
     def dead_letter(self, m: Message, reason: str) -> None:
         """Send the (size-bounded, :meth:`DeadLetter.of`) letter of ``m``, keyed like ``m``."""

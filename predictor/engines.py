@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from foreshock.features.spec import FeatureSet
+from foreshock.predictor.held import engine_columns
 
 __all__ = ["OnlineEngines"]
 
@@ -21,6 +22,7 @@ class OnlineEngines:
         self.feature_set_hash = feature_set.hash
         self.tick_ms = feature_set.bucket_ms
         self.tolerance_ms = tolerance_ms
+        self.columns = engine_columns(feature_set)
 
     def new(self):
         from foreshock.features.online import OnlineFeatureEngine

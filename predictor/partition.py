@@ -41,13 +41,17 @@ such rows (the labels leave them out), and an alert for a node that runs no work
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from foreshock.ingest.contract import RECORD_TYPES, RETURN_EVENTS, UNAVAILABLE_EVENTS, Topic, decode, encode
+import numpy as np
 
-__all__ = ["OnlineEngine", "PartitionState", "watermark", "apply_by_tick", "time_anomaly", "receipt_of"]
+from foreshock.features.spec import FeatureSet
+from foreshock.ingest.columns import record_columns
+from foreshock.ingest.contract import RETURN_EVENTS, UNAVAILABLE_EVENTS, Topic
+from foreshock.predictor.held import HeldRecords, apply_by_tick, engine_columns
+
+__all__ = ["OnlineEngine", "PartitionState", "watermark", "time_anomaly", "time_anomalies", "receipt_of"]
 
 _SERVICE_EVENTS = UNAVAILABLE_EVENTS | RETURN_EVENTS
 
@@ -55,7 +59,9 @@ _SERVICE_EVENTS = UNAVAILABLE_EVENTS | RETURN_EVENTS
 class OnlineEngine(Protocol):
     """What the service needs of ``foreshock.features.online.OnlineFeatureEngine``."""
 
-    def update(self, records: list[Any]) -> Any: ...
+    feature_set: FeatureSet
+
+    def update_frames(self, frames: Mapping[str, Any]) -> Any: ...
 
     def features_at(self, ts: int, nodes: Sequence[str] | None = None) -> Any: ...
 
@@ -123,13 +129,53 @@ def time_anomaly(state: PartitionState, topic: str, records: Sequence[Any], rece
     A message whose records disagree is refused whole, as :func:`foreshock.ingest.contract.decode` refuses
     a message with one invalid record: its dead letter holds the original bytes.
     """
-    progress = state.progress.get(topic) if topic != Topic.NODE_EVENTS else None
-    for r in records:
-        if r.ts > receipt_ms + future_ms:
-            return (f"time anomaly: ts {r.ts} is dated {(r.ts - receipt_ms) / 1000:,.0f} s after its receipt "
+    ts = np.fromiter((r.ts for r in records), np.int64, len(records))
+    found = time_anomalies(state, topic, ts, np.array([len(records)]), np.array([receipt_ms]),
+                           future_ms=future_ms, past_ms=past_ms)
+    return found.get(0)
+
+
+_UNSET = np.iinfo(np.int64).min // 2  # no progress yet: nothing to trail
+
+
+def time_anomalies(state: PartitionState, topic: str, ts: np.ndarray, counts: np.ndarray,
+                   receipts: np.ndarray, *, future_ms: int, past_ms: int) -> dict[int, str]:
+    """:func:`time_anomaly` for consecutive messages of one log at once: message ``i`` holds the next
+    ``counts[i]`` times of ``ts`` and was received at ``receipts[i]``. Returns the refused messages'
+    reasons by index; as if each were judged, and if taken added, in turn."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if not len(ts):
+        return {}
+    msg = np.repeat(np.arange(len(counts)), counts)
+    limit = np.asarray(receipts, dtype=np.int64) + future_ms
+    trails = topic != Topic.NODE_EVENTS
+    before = np.full(len(counts), _UNSET)
+    if trails:  # the log's progress before each message, were every message before it taken
+        starts, has = np.cumsum(counts) - counts, counts > 0
+        newest = np.full(len(counts), _UNSET)
+        newest[has] = np.maximum.reduceat(ts, starts[has])
+        before = np.maximum.accumulate(np.r_[state.progress.get(topic, _UNSET), newest[:-1]])
+    if not ((ts > limit[msg]).any() or (trails and (ts < before[msg] - past_ms).any())):
+        return {}
+    out: dict[int, str] = {}  # some are refused: judge them in turn, a refused one moves nothing
+    progress = state.progress.get(topic) if trails else None
+    for i, rows in enumerate(np.split(ts, np.cumsum(counts)[:-1])):
+        why = _anomaly(state, topic, rows.tolist(), int(limit[i]) - future_ms, progress, future_ms, past_ms)
+        if why is not None:
+            out[i] = why
+        elif trails and len(rows):
+            progress = max(progress if progress is not None else _UNSET, int(rows.max()))
+    return out
+
+
+def _anomaly(state: PartitionState, topic: str, times: list[int], receipt_ms: int, progress: int | None,
+             future_ms: int, past_ms: int) -> str | None:
+    for t in times:
+        if t > receipt_ms + future_ms:
+            return (f"time anomaly: ts {t} is dated {(t - receipt_ms) / 1000:,.0f} s after its receipt "
                     f"(future tolerance {future_ms / 1000:g} s): it would move the partition's event time")
-        if progress is not None and r.ts < progress - past_ms:
-            return (f"time anomaly: ts {r.ts} is {(progress - r.ts) / 1000:,.0f} s behind the newest record "
+        if progress is not None and t < progress - past_ms:
+            return (f"time anomaly: ts {t} is {(progress - t) / 1000:,.0f} s behind the newest record "
                     f"of {topic} partition {state.partition} (ts {progress}), more than lateness + "
                     f"tolerance ({past_ms / 1000:g} s): the feature engine can no longer place it")
     return None
@@ -141,32 +187,18 @@ def receipt_of(log_ms: int | None, clock_ms: int) -> int:
     return clock_ms if log_ms is None else min(log_ms, clock_ms)
 
 
-def apply_by_tick(engine: OnlineEngine, timed: Sequence[tuple[int, Any, Any]], tick_ms: int) -> None:
-    """Feed ``(time, _, record)`` items, sorted by time, to ``engine`` in one update per tick.
-
-    The engine finalises buckets behind its newest record minus its tolerance as soon as an
-    update arrives, so one update spanning more than the tolerance would drop its own early
-    records of a kind it reads second; a tick per update stays within any tolerance >= a tick.
-    """
-    start = 0
-    while start < len(timed):
-        tick_end = (timed[start][0] // tick_ms + 1) * tick_ms
-        stop = bisect.bisect_left(timed, tick_end, lo=start, key=lambda item: item[0])
-        engine.update([r for _, _, r in timed[start:stop]])
-        start = stop
-
-
 class PartitionState:
     """Engine, held records, log progress and next boundary of one partition number.
 
     ``positions`` holds the next offset to read per ``(topic, partition)``; ``progress`` the
     highest record time read per topic; ``floors`` the least effective time of a record read from
     now on per topic (set by cuts); ``applied_until`` the effective time through which held records
-    have gone into the engine. All travel in the checkpoint with the held records.
+    have gone into the engine. All travel in the checkpoint with the held records, which wait as the
+    columns the engine reads (``columns``, per topic; default: :func:`engine_columns` of the engine).
     """
 
     def __init__(self, partition: int, engine: OnlineEngine, period_ms: int, lateness_ms: int = 0,
-                 tick_ms: int = 60_000):
+                 tick_ms: int = 60_000, columns: Mapping[str, Sequence[str]] | None = None):
         if period_ms <= 0 or tick_ms <= 0:
             raise ValueError("scoring period and tick must be positive")
         self.partition = partition
@@ -174,6 +206,7 @@ class PartitionState:
         self.period_ms = period_ms
         self.lateness_ms = lateness_ms
         self.tick_ms = tick_ms
+        self.columns = columns if columns is not None else engine_columns(engine.feature_set)
         self.positions: dict[tuple[str, int], int] = {}
         self.progress: dict[str, int] = {}
         self.next_boundary: int | None = None
@@ -185,39 +218,59 @@ class PartitionState:
         # per node, its changes of service (effective time, out of service?) read so far, in time
         # order; read as of a boundary, so it does not matter that they arrive ahead of it
         self._service: dict[str, list[tuple[int, bool]]] = {}
-        self._held: list[tuple[int, str, Any]] = []  # (effective ts, topic, record)
-        self._in_order = True  # _held is sorted by (effective ts, topic)
+        self._held = HeldRecords()
 
     # ---- intake --------------------------------------------------------------------------
     def add(self, topic: str, offset: int, records: Sequence[Any]) -> None:
         """Take one consumed message's records (already decoded and validated)."""
-        self._reach(topic, offset)
-        self.positions[(topic, self.partition)] = offset + 1
-        floor = max(self.progress.get(topic, -1) - self.lateness_ms, self.floors.get(topic, -1))
-        held = self._held
-        first = None
-        node_events = topic == Topic.NODE_EVENTS
-        for r in records:
-            item = (r.ts if r.ts >= floor else floor, topic, r)
-            if held and self._in_order and (item[0], topic) < (held[-1][0], held[-1][1]):
-                self._in_order = False
-            held.append(item)
-            if node_events and r.event in _SERVICE_EVENTS:
-                changes = self._service.setdefault(r.node, [])
-                bisect.insort(changes, (item[0], r.event in UNAVAILABLE_EVENTS), key=lambda c: c[0])
-            first = item[0] if first is None else min(first, item[0])
-            if r.ts > self.progress.get(topic, -1):
-                self.progress[topic] = r.ts
-        if first is not None and not self._closed_any:
+        self.take(topic, np.array([offset]), np.array([len(records)]),
+                  record_columns(topic, records, self.columns[topic]))
+
+    def take(self, topic: str, offsets: np.ndarray, counts: np.ndarray,
+             columns: Mapping[str, np.ndarray]) -> None:
+        """Take consecutive messages of ``topic``'s log at ``offsets``: message ``i`` holds the next
+        ``counts[i]`` rows of ``columns`` (:attr:`columns`, decoded and validated; 0 rows for a
+        message refused). The same as :meth:`add` of each message in turn.
+
+        A record's effective time is its own, or later where its log has moved on (more than
+        ``lateness`` past it, before its message) or a cut says so: see the module docstring.
+        """
+        if not len(offsets):
+            return
+        cut = self._reach(topic, offsets)
+        self.positions[(topic, self.partition)] = int(offsets[-1]) + 1
+        ts = columns["ts"]
+        if not len(ts):
+            return
+        counts = np.asarray(counts, dtype=np.int64)
+        starts, has = np.cumsum(counts) - counts, counts > 0
+        newest = np.full(len(counts), -1, dtype=np.int64)
+        newest[has] = np.maximum.reduceat(ts, starts[has])
+        before = np.maximum.accumulate(np.r_[self.progress.get(topic, -1), newest[:-1]])
+        floor = np.maximum(before - self.lateness_ms, cut)
+        eff = np.maximum(ts, np.repeat(floor, counts))
+        if newest.max() > self.progress.get(topic, -1):
+            self.progress[topic] = int(newest.max())
+        if topic == Topic.NODE_EVENTS:
+            for node, t, event in zip(columns["node"], eff.tolist(), columns["event"], strict=True):
+                if event in _SERVICE_EVENTS:
+                    changes = self._service.setdefault(node, [])
+                    bisect.insort(changes, (t, event in UNAVAILABLE_EVENTS), key=lambda c: c[0])
+        if not self._closed_any:
             # the first boundary follows the earliest record read before it closes, whichever log
             # was read first (a sparse log's later record must not make the partition skip one)
-            boundary = -(-first // self.period_ms) * self.period_ms
+            boundary = -(-int(eff.min()) // self.period_ms) * self.period_ms
             self.next_boundary = boundary if self.next_boundary is None else min(self.next_boundary, boundary)
+        self._held.add(topic, eff, columns)
 
     @property
     def held(self) -> int:
         """Records read but not yet applied to the engine (their boundary is still open)."""
         return len(self._held)
+
+    def held_times(self, topic: str) -> list[int]:
+        """The effective times of ``topic``'s held records, in the order they were read."""
+        return self._held.times(topic)
 
     # ---- the clock -----------------------------------------------------------------------
     def apply(self, until: int) -> None:
@@ -228,13 +281,8 @@ class PartitionState:
         complete ticks before ``T`` only, so records applied beyond ``T`` (but before the next
         boundary) do not change it: applying eagerly spreads the work without changing a score.
         """
-        # (time, topic) then log order: ties never depend on how fetches of two logs interleaved
-        if not self._in_order:
-            self._held.sort(key=lambda item: (item[0], item[1]))
-            self._in_order = True
-        cut = bisect.bisect_right(self._held, until, key=lambda item: item[0])
-        apply_by_tick(self.engine, self._held[:cut], self.tick_ms)
-        del self._held[:cut]
+        # per log in (time, log order): never dependent on how fetches of two logs interleaved
+        apply_by_tick(self.engine, self._held.take(until), self.tick_ms)
         self._passed(until)
 
     def _passed(self, until: int) -> None:
@@ -282,12 +330,20 @@ class PartitionState:
         return [{"until": floor - 1, "cuts": {topic: offset}}
                 for topic, pending in sorted(self._replay.items()) for offset, floor in pending]
 
-    def _reach(self, topic: str, offset: int) -> None:
+    def _reach(self, topic: str, offsets: np.ndarray) -> np.ndarray:
+        """Read up to ``offsets`` (increasing): the replayed cuts they pass take effect. Returns the
+        floor in force at each one."""
+        floors = np.full(len(offsets), self.floors.get(topic, -1), dtype=np.int64)
         pending = self._replay.get(topic)
-        while pending and pending[0][0] <= offset:
-            _, floor = pending.pop(0)
-            if floor > self.floors.get(topic, -1):
-                self.floors[topic] = floor
+        reached = 0
+        while pending and reached < len(pending) and pending[reached][0] <= offsets[-1]:
+            offset, floor = pending[reached]
+            floors[offsets >= offset] = np.maximum(floors[offsets >= offset], floor)
+            reached += 1
+        if reached:
+            del pending[:reached]
+            self.floors[topic] = max(self.floors.get(topic, -1), int(floors[-1]))
+        return floors
 
     def away_at(self, t: int) -> set[str]:
         """Nodes out of service at ``t``: their last change of service at or before ``t`` took them
@@ -314,7 +370,7 @@ class PartitionState:
         """
         if self.next_boundary is None or getattr(self.engine, "watermark_ms", seen_until) >= seen_until:
             return
-        first = min((eff for eff, _, _ in self._held), default=None)
+        first = self._held.earliest()
         target = horizon if first is None else min(horizon, -(-first // self.period_ms) * self.period_ms)
         if target > self.next_boundary:
             self.next_boundary = target
@@ -330,9 +386,6 @@ class PartitionState:
     # ---- checkpoint form -----------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
         """Everything but the engine, as msgpack-ready data."""
-        groups: dict[tuple[str, int], list[Any]] = defaultdict(list)
-        for eff, topic, r in self._held:
-            groups[(topic, eff)].append(r)
         return {
             "partition": self.partition,
             "period_ms": self.period_ms,
@@ -344,16 +397,17 @@ class PartitionState:
             "applied_until": self.applied_until,
             "replay": self.pending_cuts(),
             "service": [[node, [list(c) for c in changes]] for node, changes in self._service.items()],
-            "held": [[topic, eff, encode(rs)] for (topic, eff), rs in groups.items()],
+            "held": self._held.export(),
         }
 
     @classmethod
     def restore(cls, engine: OnlineEngine, meta: Mapping[str, Any], period_ms: int,
-                lateness_ms: int = 0, tick_ms: int = 60_000) -> PartitionState:
+                lateness_ms: int = 0, tick_ms: int = 60_000,
+                columns: Mapping[str, Sequence[str]] | None = None) -> PartitionState:
         """Rebuild from a checkpoint's engine and :meth:`meta` (the period must not have changed)."""
         if meta["period_ms"] != period_ms:
             raise ValueError(f"checkpoint was scored every {meta['period_ms']} ms, not {period_ms} ms")
-        state = cls(int(meta["partition"]), engine, period_ms, lateness_ms, tick_ms)
+        state = cls(int(meta["partition"]), engine, period_ms, lateness_ms, tick_ms, columns)
         state.positions = {(t, int(p)): int(off) for t, p, off in meta["positions"]}
         state.progress = {t: int(v) for t, v in meta["progress"].items()}
         state.next_boundary = meta["next_boundary"]
@@ -364,9 +418,5 @@ class PartitionState:
         # checkpoints written before nodes' service was kept hold none: every node in service
         state._service = {node: [(int(ts), bool(out)) for ts, out in changes]
                           for node, changes in meta.get("service", ())}
-        for topic, eff, data in meta["held"]:
-            if topic not in RECORD_TYPES:
-                raise ValueError(f"checkpoint holds records of unknown topic {topic!r}")
-            state._held.extend((int(eff), topic, r) for r in decode(topic, data))
-        state._in_order = False
+        state._held = HeldRecords.restore(meta["held"], state.columns)
         return state

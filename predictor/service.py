@@ -2,8 +2,9 @@
 
 One loop, one thread (:meth:`RiskService.run`); the HTTP API only reads what it publishes.
 
-    poll a micro-batch ─► hold each record in its partition's state (dead letters go out: what
-           does not decode, and what is dated implausibly, see foreshock.predictor.partition.time_anomaly)
+    poll a micro-batch ─► hold its records, as columns a log at a time, in their partition's state
+           (dead letters go out: what does not decode, and what is dated implausibly, see
+           foreshock.predictor.partition.time_anomaly)
         ─► in each partition, close every event-time boundary that is due by that partition's own
            logs: apply the held records <= T to its feature engine, read the features at T, peers
            included (a node's peers share its partition)   (see foreshock.predictor.partition)
@@ -33,23 +34,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import pandas as pd
 
 from foreshock.ingest.bus import Bus, Message
-from foreshock.ingest.contract import TELEMETRY_TOPICS, RiskScore
+from foreshock.ingest.columns import record_columns
+from foreshock.ingest.contract import RECORD_TYPES, TELEMETRY_TOPICS, RiskScore
 from foreshock.ingest.stream import RecordStream, now_ms, publish
 from foreshock.models.artifact import RiskModel
 from foreshock.predictor.checkpoint import CheckpointStore
+from foreshock.predictor.held import KIND_OF, HeldRecords, apply_by_tick
 from foreshock.predictor.metrics import ServiceMetrics
 from foreshock.predictor.model_source import ModelSource, check_model
-from foreshock.predictor.partition import (
-    OnlineEngine,
-    PartitionState,
-    apply_by_tick,
-    receipt_of,
-    time_anomaly,
-    watermark,
-)
+from foreshock.predictor.partition import OnlineEngine, PartitionState, receipt_of, time_anomalies, watermark
 from foreshock.predictor.scoring import RiskBoard, score_frame
 
 __all__ = ["ServiceConfig", "EngineFactory", "RiskService", "NotReady"]
@@ -67,11 +64,14 @@ class EngineFactory(Protocol):
     ``tick_ms``: features change only at multiples of it (the engine's bucket).
     ``tolerance_ms``: the engines' allowance for records out of order; a record further behind
     its log than lateness plus this cannot be placed and is dead-lettered.
+    ``columns``: per topic, the record fields the engines read
+    (:func:`foreshock.predictor.held.engine_columns`).
     """
 
     feature_set_hash: str
     tick_ms: int
     tolerance_ms: int
+    columns: dict[str, tuple[str, ...]]
 
     def new(self) -> OnlineEngine: ...
 
@@ -173,24 +173,26 @@ class RiskService:
         assert self._stream is not None, "start() first"
         dead_before = self._stream.dead_letters
         taken: dict[str, int] = {}
-        polled = self._stream.poll(self.config.poll_timeout_s, self.config.max_records)
+        polled = self._stream.poll_batches(self.engines.columns, self.config.poll_timeout_s,
+                                           self.config.max_records)
         clock = self.clock()
         future_ms = self.config.future_tolerance_ms
         past_ms = self.config.lateness_ms + self.engines.tolerance_ms
-        for d in polled:
-            m = d.message
-            state = self._states.get(m.partition)
+        for batch in polled:
+            state = self._states.get(batch.partition)
             if state is None:
                 continue
-            records = d.records
-            why = time_anomaly(state, m.topic, records, receipt_of(m.timestamp, clock), future_ms=future_ms,
-                               past_ms=past_ms)
-            if why is not None:
-                self._stream.dead_letter(m, why)
-                records = []  # its offset is still taken: the commit passes it
-            state.add(m.topic, m.offset, records)
-            self._dirty.add(m.partition)
-            taken[m.topic] = taken.get(m.topic, 0) + len(records)
+            receipts = np.array([receipt_of(m.timestamp, clock) for m in batch.messages])
+            refused = time_anomalies(state, batch.topic, batch.columns.get("ts", np.empty(0, np.int64)),
+                                     batch.counts, receipts, future_ms=future_ms, past_ms=past_ms)
+            for i, why in refused.items():
+                self._stream.dead_letter(batch.messages[i], why)
+            if refused:  # their offsets are still taken: the commit passes them
+                batch = batch.without(refused)
+            if batch.columns:
+                state.take(batch.topic, batch.offsets, batch.counts, batch.columns)
+            self._dirty.add(batch.partition)
+            taken[batch.topic] = taken.get(batch.topic, 0) + int(batch.counts.sum())
         for topic, n in taken.items():  # one metric update per topic and poll, not per message
             self.metrics.records.labels(topic=topic).inc(n)
         self.metrics.dead_letters.inc(self._stream.dead_letters - dead_before)
@@ -345,16 +347,16 @@ class RiskService:
 
     def _restore(self, p: int) -> PartitionState:
         """Partition ``p`` as its checkpoint left it (fresh without one), with the cuts journaled since."""
-        cfg, tick = self.config, self.engines.tick_ms
+        cfg, tick, columns = self.config, self.engines.tick_ms, self.engines.columns
         if self.checkpoints is None:
-            return PartitionState(p, self.engines.new(), cfg.score_every_ms, cfg.lateness_ms, tick)
+            return PartitionState(p, self.engines.new(), cfg.score_every_ms, cfg.lateness_ms, tick, columns)
         saved = self.checkpoints.load(p)
         if saved is None:
-            state = PartitionState(p, self.engines.new(), cfg.score_every_ms, cfg.lateness_ms, tick)
+            state = PartitionState(p, self.engines.new(), cfg.score_every_ms, cfg.lateness_ms, tick, columns)
         else:
             engine, meta = saved
             self.board.restore(meta.get("board", []))
-            state = PartitionState.restore(engine, meta, cfg.score_every_ms, cfg.lateness_ms, tick)
+            state = PartitionState.restore(engine, meta, cfg.score_every_ms, cfg.lateness_ms, tick, columns)
         state.replay(self.checkpoints.journaled(p))
         return state
 
@@ -427,8 +429,12 @@ class RiskService:
         if not records:
             return []
         engine = self.engines.new()
-        apply_by_tick(engine, sorted(((r.ts, None, r) for r in records), key=lambda item: item[0]),
-                      self.engines.tick_ms)
+        held = HeldRecords()
+        for topic in KIND_OF:
+            mine = [r for r in records if isinstance(r, RECORD_TYPES[topic])]
+            cols = record_columns(topic, mine, self.engines.columns[topic])
+            held.add(topic, cols["ts"], cols)
+        apply_by_tick(engine, held.take(max(r.ts for r in records)), self.engines.tick_ms)
         if at is None:  # just after the tick that completes the last record's bucket
             tick = self.engines.tick_ms
             at = (max(r.ts for r in records) // tick + 1) * tick

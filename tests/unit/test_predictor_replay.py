@@ -109,7 +109,7 @@ def test_the_journal_survives_a_torn_line_and_a_checkpoint_starts_it_afresh(tmp_
     state.replay(store.journaled(3))
     state.add(Topic.XID, 3, [XidEvent(node="n", ts=5, xid=79)])  # before the cuts' offset: as it is
     state.add(Topic.XID, 4, [XidEvent(node="n", ts=6, xid=79)])  # at it: after the later cut
-    assert [eff for eff, _, _ in state._held] == [5, 21]
+    assert state.held_times(Topic.XID) == [5, 21]
     assert state.pending_cuts() == [{"until": 20, "cuts": {Topic.NODE_EVENTS: 0}}]
     store.save(3, state.engine, state.meta())
     assert store.journaled(3) == []
@@ -132,7 +132,7 @@ def test_a_cut_is_made_only_for_a_log_that_could_still_bring_an_earlier_record()
     assert entry == {"until": t0 + 10 * M, "cuts": {Topic.XID: 8, Topic.LINK: 0}}
     assert state.cut((Topic.GPU, Topic.XID, Topic.LINK), lag) is None  # nothing new
     state.add(Topic.XID, 8, [XidEvent(node="n", ts=t0 + 9 * M, xid=79)])
-    assert [eff for eff, topic, _ in state._held if topic == Topic.XID] == [t0 + 10 * M + 1]  # after T
+    assert state.held_times(Topic.XID) == [t0 + 10 * M + 1]  # after T
 
 
 def test_future_is_judged_by_the_log_time_that_a_replay_reads_again():
