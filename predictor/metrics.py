@@ -59,6 +59,10 @@ class ServiceMetrics:
         self.checkpoint = Histogram("foreshock_predictor_checkpoint_duration_seconds",
                                     "Wall time to make the state and offsets durable.",
                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.checkpoint_stall = Histogram("foreshock_predictor_checkpoint_stall_seconds",
+                                          "Wall time the scoring loop spends on a checkpoint written in "
+                                          "the background (the snapshot).",
+                                          buckets=_LATENCY_BUCKETS, registry=r)
         self.reloads = Counter("foreshock_predictor_model_reloads_total",
                                "Model (re)load attempts by result (loaded, refused, failed).", ["result"],
                                registry=r)

@@ -11,9 +11,10 @@ One loop, one thread (:meth:`RiskService.run`); the HTTP API only reads what it 
         ─► journal the partitions' cuts (where a log read to its end stood when T closed)
         ─► score every (node, T) row of the cycle in one batched model call
         ─► publish RiskScore records to risk.scores, update the board and the metrics
-        ─► checkpoints, spread over the period: every period / (partitions owned), flush the bus
-           (scores and dead letters durable), write the checkpoint (engine + offsets + held
-           records) of the changed partition saved longest ago, then commit its offsets.
+        ─► checkpoints, spread over the period: every period / (partitions owned), snapshot the
+           changed partition saved longest ago (a copy of its engine, offsets, held records) and
+           seal its journal; a writer thread flushes the bus (scores and dead letters durable)
+           and writes the snapshot while the loop goes on; the loop then commits its offsets.
 
 State is per partition number, and partitions share nothing: each closes its boundaries as its
 own logs allow (a partition far behind in a catch-up holds none of the others back, and is
@@ -25,6 +26,7 @@ checkpointed offsets before any record is read, so replay reproduces the same sc
 
 from __future__ import annotations
 
+import copy
 import heapq
 import logging
 import threading
@@ -42,7 +44,7 @@ from foreshock.ingest.columns import record_columns
 from foreshock.ingest.contract import RECORD_TYPES, TELEMETRY_TOPICS, RiskScore
 from foreshock.ingest.stream import RecordStream, now_ms, publish
 from foreshock.models.artifact import RiskModel
-from foreshock.predictor.checkpoint import CheckpointStore
+from foreshock.predictor.checkpoint import BackgroundWriter, CheckpointStore, Snapshot
 from foreshock.predictor.held import KIND_OF, HeldRecords, apply_by_tick
 from foreshock.predictor.metrics import ServiceMetrics
 from foreshock.predictor.model_source import ModelSource, check_model
@@ -129,6 +131,7 @@ class RiskService:
         self._states: dict[int, PartitionState] = {}
         self._dirty: set[int] = set()
         self._saved_at: dict[int, float] = {}  # wall time of each partition's last checkpoint
+        self._writer = BackgroundWriter(self._write)
         self._stream: RecordStream | None = None
         self._assigned: set[tuple[str, int]] | None = None
         self._caught_up = False
@@ -164,6 +167,7 @@ class RiskService:
             return
         if self.error is None:
             self.checkpoint()
+        self._writer.close()
         self._stream.close()
         self._stream = None
 
@@ -199,11 +203,18 @@ class RiskService:
         lag = self._lag()
         scores = self._score_due(lag)
         now = self.wall()
-        if now - self._last_checkpoint >= self.config.checkpoint_every_s / max(1, len(self._states)):
+        written = self._writer.done()
+        if written is not None:
+            self._written(written)
+        every = self.config.checkpoint_every_s / max(1, len(self._states))
+        if not self._writer.busy and now - self._last_checkpoint >= every:
             self._last_checkpoint = now
             changed = self._dirty & set(self._states)
             if changed:  # the one saved longest ago
-                self.checkpoint([min(changed, key=lambda p: self._saved_at.get(p, 0.0))])
+                started = time.perf_counter()
+                self._writer.submit(self._snapshot(min(changed, key=lambda p: self._saved_at.get(p, 0.0)),
+                                                   copy_engine=True))
+                self.metrics.checkpoint_stall.observe(time.perf_counter() - started)
         if now - self._last_reload >= self.config.reload_every_s:
             self.reload_model()
         return scores
@@ -299,37 +310,62 @@ class RiskService:
     def checkpoint(self, partitions: Sequence[int] | None = None) -> None:
         """Make published scores and dead letters durable, then the state of the changed partitions
         among ``partitions`` (default: all), then commit their offsets (a crash between two steps
-        replays, it never loses).
+        replays, it never loses); returns once all of it is done, a write in progress included.
 
-        The loop saves one partition at a time: an engine's state is large (its 24 h windows at
-        one-minute resolution, plus the records of its open buckets), and writing every
-        partition at once stalled scoring for seconds.
+        The loop itself checkpoints one partition at a time and writes it on another thread (see
+        the module docstring): an engine's state is large (its 24 h windows at one-minute
+        resolution), and writing it on the loop stalled scoring.
         """
-        started = time.perf_counter()
+        written = self._writer.done(wait=True)
+        if written is not None:
+            self._written(written)
         self.bus.flush()
         chosen = self._dirty if partitions is None else self._dirty & set(partitions)
-        dirty = sorted(p for p in chosen if p in self._states)
+        for p in sorted(p for p in chosen if p in self._states):
+            snapshot = self._snapshot(p, copy_engine=False)
+            self._write(snapshot)
+            self._written(snapshot)
+
+    def _snapshot(self, p: int, copy_engine: bool) -> Snapshot:
+        """Partition ``p`` as it stands, for :meth:`_write`; the engine copied unless it is written
+        before the loop moves on. Its journal is sealed here: later cuts go to a new one."""
+        state = self._states[p]
+        self._dirty.discard(p)
+        if self.checkpoints is None:
+            return Snapshot(p, None, {}, dict(state.positions))
+        meta = state.meta()
+        meta["board"] = self.board.export(state.engine.nodes())
+        engine = state.engine
+        if copy_engine:  # the feature set is immutable: shared, not copied
+            engine = copy.deepcopy(engine, {id(engine.feature_set): engine.feature_set})
+        return Snapshot(p, engine, meta, dict(state.positions), self.checkpoints.seal(p))
+
+    def _write(self, snapshot: Snapshot) -> None:
+        """Flush the bus, then write ``snapshot`` (any thread: the producer is thread-safe)."""
+        started = time.perf_counter()
+        self.bus.flush()
         if self.checkpoints is not None:
-            for p in dirty:
-                state = self._states[p]
-                meta = state.meta()
-                meta["board"] = self.board.export(state.engine.nodes())
-                self.checkpoints.save(p, state.engine, meta)
-                self._saved_at[p] = self.wall()
-        self._dirty.difference_update(dirty)
-        done = [Message(t, p, off - 1, None, b"") for p in dirty
-                for (t, p), off in self._states[p].positions.items() if off > 0]
+            self.checkpoints.save(snapshot.partition, snapshot.engine, snapshot.meta, snapshot.sealed)
+        snapshot.write_s = time.perf_counter() - started
+
+    def _written(self, snapshot: Snapshot) -> None:
+        """On the loop: ``snapshot`` is durable; commit the offsets it holds."""
+        self._saved_at[snapshot.partition] = self.wall()
+        self.metrics.checkpoint.observe(snapshot.write_s)
+        done = [Message(t, p, off - 1, None, b"") for (t, p), off in snapshot.positions.items() if off > 0]
         if done and self._stream is not None:
             try:
                 self._stream.consumer.commit(done)
             except Exception as exc:  # a rebalance in flight: the checkpoint holds the offsets
                 log.warning("offset commit failed (%s); the checkpoint keeps the positions", exc)
-        self.metrics.checkpoint.observe(time.perf_counter() - started)
 
     def _on_assign(self, assigned: set[tuple[str, int]]) -> None:
         """Rebalance: drop lost partitions, restore gained ones, seek every log to its position."""
         topics = set(self.config.topics)
         owned = {p for t, p in assigned if t in topics}
+        written = self._writer.done(wait=True)  # no write of a partition given up goes on after this
+        if written is not None:
+            self._written(written)
         for p in sorted(set(self._states) - owned):
             self.board.forget(self._states.pop(p).engine.nodes())
             self._dirty.discard(p)
@@ -358,6 +394,7 @@ class RiskService:
             self.board.restore(meta.get("board", []))
             state = PartitionState.restore(engine, meta, cfg.score_every_ms, cfg.lateness_ms, tick, columns)
         state.replay(self.checkpoints.journaled(p))
+        self.checkpoints.seal(p)  # this run journals into a journal of its own
         return state
 
     # ---- model ---------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def test_the_partitions_take_turns_at_checkpointing(sim, risk_model_dir, tmp_pat
     store = CheckpointStore(tmp_path / "ckpt", ENGINES.load)
     saved: list[tuple[float, int]] = []
     save = store.save
-    store.save = lambda p, engine, meta: (saved.append((now[0], p)), save(p, engine, meta))[1]
+    store.save = lambda p, *args: (saved.append((now[0], p)), save(p, *args))[1]
     cfg = ServiceConfig(group="g", score_every_ms=PERIOD, checkpoint_every_s=30)
     svc = RiskService(bus, ENGINES, PathModelSource(risk_model_dir), config=cfg, checkpoints=store,
                       wall=lambda: now[0]).start()
@@ -116,6 +116,7 @@ def test_the_partitions_take_turns_at_checkpointing(sim, risk_model_dir, tmp_pat
     for _ in range(24):  # 60 s
         now[0] += 2.5
         svc.run_once()
+        svc._writer.wait()  # the write of a due snapshot ends before the clock moves on
     assert [t for t, _ in saved] == [10.0, 20.0, 30.0]
     assert sorted(p for _, p in saved) == [0, 1, 2]
     assert all(store.load(p) is not None for p in range(3))
