@@ -523,6 +523,8 @@ def _passes(
     indices = list(indices)
     for n, index in enumerate(indices):
         stream = _DayStream(fs, plan.ticks, returns, plan.per_grid, peer_groups, sink)
+        if progress is not None and n == 0:
+            progress("features", 0, len(indices) * stream.days)
         keep = None if plan.passes == 1 else (lambda node, i=index: plan.keeps(node, fs, i))
         for cols, cut in time_slices(data_dir, fs, stream.nodes.codes, stream.ports, keep):
             stream.feed(cols, cut)
@@ -619,6 +621,8 @@ def _write_on_dask(
             for i in range(plan.passes)
         ]
         partitions: list[Partition] = []
+        if progress is not None:
+            progress("features (dask)", 0, len(futures))
         for done, fut in enumerate(as_completed(futures), start=1):
             partitions += fut.result()
             if progress is not None:
