@@ -82,15 +82,16 @@ class EngineFactory(Protocol):
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    """Knobs of the loop. Periods are event time (scoring) or wall time (checkpoint, reload)."""
+    """Knobs of the loop, every span in milliseconds: event time (scoring, lateness) or wall time
+    (checkpoint, reload, poll)."""
 
     group: str = "foreshock-predictor"
     topics: tuple[str, ...] = TELEMETRY_TOPICS
     score_every_ms: int = 10_000
     lateness_ms: int = 0
-    checkpoint_every_s: float = 30.0  # per partition; a crash replays at most this much of the logs
-    reload_every_s: float = 30.0
-    poll_timeout_s: float = 0.1
+    checkpoint_every_ms: float = 30_000  # per partition; a crash replays at most this much of the logs
+    reload_every_ms: float = 30_000
+    poll_timeout_ms: int = 100
     max_records: int = 5_000
     max_rows_per_cycle: int = 100_000
     apply_batch: int = 8_192  # held records of a partition that make it worth an engine update early
@@ -101,7 +102,7 @@ class ServiceConfig:
     future_tolerance_ms: int = 300_000  # how far after its receipt (log time, clock-capped) it may be dated
 
     def __post_init__(self) -> None:
-        if self.score_every_ms <= 0 or self.lateness_ms < 0 or self.checkpoint_every_s <= 0:
+        if self.score_every_ms <= 0 or self.lateness_ms < 0 or self.checkpoint_every_ms <= 0:
             raise ValueError("score_every must be > 0, lateness >= 0 and checkpoint_every > 0")
         if self.future_tolerance_ms < 0 or self.max_lag < 0:
             raise ValueError("future_tolerance and max_lag must be >= 0")
@@ -177,7 +178,7 @@ class RiskService:
         assert self._stream is not None, "start() first"
         dead_before = self._stream.dead_letters
         taken: dict[str, int] = {}
-        polled = self._stream.poll_batches(self.engines.columns, self.config.poll_timeout_s,
+        polled = self._stream.poll_batches(self.engines.columns, self.config.poll_timeout_ms / 1000,
                                            self.config.max_records)
         clock = self.clock()
         future_ms = self.config.future_tolerance_ms
@@ -206,7 +207,7 @@ class RiskService:
         written = self._writer.done()
         if written is not None:
             self._written(written)
-        every = self.config.checkpoint_every_s / max(1, len(self._states))
+        every = self.config.checkpoint_every_ms / 1000 / max(1, len(self._states))
         if not self._writer.busy and now - self._last_checkpoint >= every:
             self._last_checkpoint = now
             changed = self._dirty & set(self._states)
@@ -215,7 +216,7 @@ class RiskService:
                 self._writer.submit(self._snapshot(min(changed, key=lambda p: self._saved_at.get(p, 0.0)),
                                                    copy_engine=True))
                 self.metrics.checkpoint_stall.observe(time.perf_counter() - started)
-        if now - self._last_reload >= self.config.reload_every_s:
+        if now - self._last_reload >= self.config.reload_every_ms / 1000:
             self.reload_model()
         return scores
 

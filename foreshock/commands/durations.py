@@ -12,14 +12,12 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import typer
 
 __all__ = ["Duration", "duration_option", "duration_parser"]
 
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _NEVER = ("inf", "never")
@@ -66,41 +64,14 @@ class Duration:
         return f"{self.ms:g}ms"
 
 
-def duration_parser(never: bool = False) -> Callable[[str | Duration], Duration]:
+def duration_parser(never: bool = False, unit: str = "s") -> Callable[[str | Duration], Duration]:
     """The ``parser=`` of a duration option (for ``Annotated`` declarations)."""
-    return lambda text: Duration.parse(text, never=never)
+    return lambda text: Duration.parse(text, default_unit=unit, never=never)
 
 
-def duration_option(default: str | None, *param_decls: str, help: str, never: bool = False,
+def duration_option(default: str | None, *param_decls: str, help: str, never: bool = False, unit: str = "s",
                     **kwargs: Any) -> Any:
-    """A ``typer.Option`` whose value is a :class:`Duration` (``never``: also accepts inf/never)."""
-    return typer.Option(default, *param_decls, parser=duration_parser(never), metavar="DURATION", help=help,
-                        **kwargs)
-
-
-def parse_duration(text: str, default_unit: str = "s") -> timedelta:
-    """``"30s"`` -> 30 seconds; a bare number takes ``default_unit``.
-
-    >>> parse_duration("90m")
-    datetime.timedelta(seconds=5400)
-    """
-    match = _PATTERN.match(text)
-    if not match:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 10s, 30m, 2h, 7d)")
-    value, unit = match.groups()
-    return timedelta(seconds=float(value) * _UNITS[unit or default_unit])
-
-
-def option_seconds(text: str, flag: str) -> float:
-    """Seconds of a duration flag; a bad value is a usage error naming the flag (exit 2)."""
-    import typer
-
-    try:
-        return parse_duration(text).total_seconds()
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint=flag) from None
-
-
-def option_ms(text: str, flag: str) -> int:
-    """Milliseconds of a duration flag (see :func:`option_seconds`)."""
-    return int(option_seconds(text, flag) * 1000)
+    """A ``typer.Option`` whose value is a :class:`Duration` (``never``: also accepts inf/never; ``unit``:
+    that of a bare number)."""
+    return typer.Option(default, *param_decls, parser=duration_parser(never, unit), metavar="DURATION",
+                        help=help, **kwargs)

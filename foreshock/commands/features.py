@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from foreshock.commands.durations import option_ms
+from foreshock.commands.durations import Duration, duration_option
 
 __all__ = ["register"]
 
@@ -28,7 +28,7 @@ def features(
         "must be a folder every worker can write to.",
     ),
     workers: int = typer.Option(2, min=1, help="With --dask local: worker processes."),
-    cadence: str = typer.Option("1m", help="One row per node every CADENCE (a multiple of 1m)."),
+    cadence: Duration = duration_option("1m", help="One row per node every CADENCE (a multiple of 1m)."),
     overwrite: bool = typer.Option(False, help="Replace a feature table already in --out."),
 ) -> None:
     """Compute the default feature set at a fixed cadence into a feature table folder."""
@@ -39,7 +39,7 @@ def features(
     from foreshock.ingest.dataset import DatasetError
     from foreshock.models.frame import dataset_fingerprint
 
-    cadence_ms = option_ms(cadence, "--cadence")
+    cadence_ms = cadence.ms
     try:
         with ExitStack() as stack:
             client = dask

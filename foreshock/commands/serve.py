@@ -18,7 +18,7 @@ from pathlib import Path
 
 import typer
 
-from foreshock.commands.durations import option_ms
+from foreshock.commands.durations import Duration, duration_option
 from foreshock.commands.sizes import option_bytes
 
 
@@ -47,13 +47,13 @@ def serve(
                                             help="MLflow tracking URI (for models:/ URIs)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address the risk API listens on"),
     port: int = typer.Option(8080, "--port", help="port of the risk API"),
-    score_every: str = typer.Option("10s", "--score-every", help="scoring period, in event time"),
-    lateness: str = typer.Option("0s", "--lateness",
-                                 help="how far a record may trail its log and still count"),
-    tolerance: str = typer.Option(
+    score_every: Duration = duration_option("10s", "--score-every", help="scoring period, in event time"),
+    lateness: Duration = duration_option("0s", "--lateness",
+                                         help="how far a record may trail its log and still count"),
+    tolerance: Duration = duration_option(
         "60s", "--tolerance", help="out-of-order allowance of the feature engine; a record further behind "
         "its log than --lateness + --tolerance is dead-lettered"),
-    future_tolerance: str = typer.Option(
+    future_tolerance: Duration = duration_option(
         "5m", "--future-tolerance",
         help="a record dated more than this after its receipt (its log time, capped by the clock) is "
         "dead-lettered"),
@@ -65,10 +65,11 @@ def serve(
     checkpoint_dir: Path | None = typer.Option(
         None, "--checkpoint-dir", help="shared by the group's processes; default with --kafka: "
         "$FORESHOCK_CACHE/predictor/<group>; without --kafka: none (state in memory)"),
-    checkpoint_every: str = typer.Option(
+    checkpoint_every: Duration = duration_option(
         "30s", "--checkpoint-every",
         help="wall time between two checkpoints of a partition (partitions take turns, spread over it)"),
-    reload_every: str = typer.Option("30s", "--reload-every", help="how often to check the model alias"),
+    reload_every: Duration = duration_option("30s", "--reload-every",
+                                             help="how often to check the model alias"),
     token_file: Path | None = typer.Option(None, "--token-file", help="file holding the API bearer token"),
     mitigator_url: str | None = typer.Option(
         None, "--mitigator-url", help="the mitigator's /status address as operators' browsers reach it "
@@ -115,13 +116,14 @@ def serve(
     else:
         bus = InMemoryBus()
         _feed_simulation(bus, simulate_nodes, speed)
-    engines = OnlineEngines(DEFAULT_FEATURE_SET, tolerance_ms=option_ms(tolerance, "--tolerance"))
-    config = ServiceConfig(group=group, score_every_ms=option_ms(score_every, "--score-every"),
-                           lateness_ms=option_ms(lateness, "--lateness"),
-                           checkpoint_every_s=option_ms(checkpoint_every, "--checkpoint-every") / 1000,
-                           reload_every_s=option_ms(reload_every, "--reload-every") / 1000,
-                           max_records=max_poll_records, max_lag=max_lag,
-                           future_tolerance_ms=option_ms(future_tolerance, "--future-tolerance"))
+    engines = OnlineEngines(DEFAULT_FEATURE_SET, tolerance_ms=tolerance.ms)
+    try:
+        config = ServiceConfig(group=group, score_every_ms=score_every.ms, lateness_ms=lateness.ms,
+                               checkpoint_every_ms=checkpoint_every.ms, reload_every_ms=reload_every.ms,
+                               max_records=max_poll_records, max_lag=max_lag,
+                               future_tolerance_ms=future_tolerance.ms)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     max_body_bytes = option_bytes(max_body, "--max-body")
     store = CheckpointStore(checkpoint_dir, engines.load) if checkpoint_dir else None
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from foreshock.commands.durations import option_ms, parse_duration
+from foreshock.commands.durations import Duration, duration_option
 
 _TRACKING_HELP = "MLflow tracking URI (default: sqlite:///<data dir>/mlflow.db)"
 _FEATURES_HELP = (
@@ -30,145 +30,142 @@ def _table_errors() -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
-def _minutes(text: str) -> int:
-    minutes = parse_duration(text, default_unit="m").total_seconds() / 60
-    if minutes < 1 or minutes != int(minutes):
-        raise typer.BadParameter(f"{text!r} is not a whole number of minutes")
-    return int(minutes)
+def train(
+    data: Path = typer.Option(..., "--data", exists=True, file_okay=False, help="dataset folder"),
+    out: Path = typer.Option(..., "--out", help="folder for model/, report.md, metrics.json, plots"),
+    horizon: Duration = duration_option("60m", "--horizon", unit="m",
+                                        help="predict failures within this horizon (whole minutes)"),
+    tracking_uri: str = typer.Option(
+        None, "--tracking-uri", envvar="FORESHOCK_TRACKING_URI", help=_TRACKING_HELP
+    ),
+    dask: str = typer.Option(
+        None,
+        "--dask",
+        help="Dask scheduler address: features (when not cached) and lightgbm.dask training run there, "
+        "the workers reading the feature table themselves (it must be on a filesystem they share)",
+    ),
+    cadence: Duration = duration_option("60s", "--cadence", help="feature row cadence"),
+    budget: float = typer.Option(1.0, "--budget", help="false alarms allowed per 1,000 node-days"),
+    censor: Duration = duration_option(
+        "6h", "--censor", help="training leaves out negatives this close before a failure (0 keeps all)"
+    ),
+    alert_clear: Duration = duration_option(
+        "30m", "--alert-clear", help="an alert episode ends after this long with no alerting score"
+    ),
+    prior_weight: float = typer.Option(
+        0.3,
+        "--prior-weight",
+        min=0.0,
+        help="boost the trees from this times logistic regression's log-odds, if that beats trees "
+        "alone on validation (0: trees alone)",
+    ),
+    folds: int = typer.Option(
+        4,
+        "--folds",
+        min=1,
+        help="time blocks the threshold is chosen on: validation plus FOLDS - 1 blocks of the training "
+        "period, each scored by a model that never saw it (1: validation only)",
+    ),
+    budget_confidence: float = typer.Option(
+        0.9,
+        "--budget-confidence",
+        min=0.5,
+        max=0.999,
+        help="the threshold keeps this one-sided upper confidence bound on false alarms in budget",
+    ),
+    no_register: bool = typer.Option(False, "--no-register", help="skip MLflow logging and registration"),
+    seed: int = typer.Option(0, "--seed", help="seed of subsampling and LightGBM: same seed, same model"),
+    features: Path = typer.Option(
+        None, "--features", exists=True, file_okay=False, help=_FEATURES_HELP
+    ),
+    negative_rate: float = typer.Option(
+        1.0,
+        "--negative-rate",
+        min=0.0,
+        max=1.0,
+        help="the trees see this share of the negatives far from any failure (a day or more from a "
+        "failure or a repair), each weighted by its inverse; the rest of the rows are all kept (1: all)",
+    ),
+) -> None:
+    """Train the LightGBM risk model and its baselines; print model vs baselines."""
+    from foreshock.commands.progress import progress_bars
+    from foreshock.models.registry import sqlite_uri
+    from foreshock.models.report import print_table
+    from foreshock.models.train import train_from_dataset
+
+    if negative_rate <= 0:
+        raise typer.BadParameter("must be above 0", param_hint="--negative-rate")
+    if horizon.ms < 60_000 or horizon.ms % 60_000:
+        raise typer.BadParameter(f"{horizon} is not a whole number of minutes", param_hint="--horizon")
+    with _table_errors(), progress_bars() as progress:
+        model = train_from_dataset(
+            data,
+            out,
+            horizon_minutes=int(horizon.minutes),
+            tracking_uri=tracking_uri or sqlite_uri(data),
+            dask_address=dask,
+            register=not no_register,
+            cadence_ms=cadence.ms,
+            budget_per_1000_node_days=budget,
+            censor_ms=censor.ms,
+            clear_ms=alert_clear.ms,
+            prior_weight=prior_weight,
+            folds=folds,
+            budget_confidence=budget_confidence,
+            seed=seed,
+            table=features,
+            negative_rate=negative_rate,
+            progress=progress,
+        )
+    print_table(json.loads((out / "metrics.json").read_text()))
+    where = f"registered as foreshock-risk version {model.version}" if model.version else "not registered"
+    typer.echo(f"model written to {out / 'model'} ({where}); report: {out / 'report.md'}")
+
+def evaluate(
+    model: str = typer.Option(
+        ..., "--model", help="models:/ URI or a folder that `foreshock train` wrote"
+    ),
+    data: list[Path] = typer.Option(
+        ...,
+        "--data",
+        exists=True,
+        file_okay=False,
+        help="dataset folder to judge on; repeat it to judge several datasets as one pool",
+    ),
+    out: Path = typer.Option(..., "--out", help="folder for report.md, metrics.json, plots"),
+    tracking_uri: str = typer.Option(
+        None, "--tracking-uri", envvar="FORESHOCK_TRACKING_URI", help=_TRACKING_HELP
+    ),
+    dask: str = typer.Option(
+        None, "--dask", help="Dask scheduler address: compute features there (when not cached)"
+    ),
+    cadence: Duration | None = duration_option(
+        None, "--cadence", help="feature row cadence (default: the one the model was trained at)"
+    ),
+    features: list[Path] = typer.Option(
+        None, "--features", exists=True, file_okay=False,
+        help=_FEATURES_HELP + "; repeat it, once per --data and in the same order",
+    ),
+) -> None:
+    """Evaluate a trained model and its baselines on another dataset (or a pool of them)."""
+    from foreshock.commands.progress import progress_bars
+    from foreshock.models.artifact import RiskModel
+    from foreshock.models.evaluate import evaluate as run_evaluation
+    from foreshock.models.registry import sqlite_uri
+    from foreshock.models.report import print_table
+
+    risk_model = RiskModel.load(model, tracking_uri=tracking_uri or sqlite_uri(data[0]))
+    cadence_ms = cadence.ms if cadence else None
+    with _table_errors(), progress_bars() as progress:
+        metrics = run_evaluation(
+            risk_model, data, out, dask_address=dask, cadence_ms=cadence_ms, tables=features or None,
+            progress=progress,
+        )
+    print_table(metrics)
+    typer.echo(f"report: {out / 'report.md'}")
 
 
 def register(app: typer.Typer) -> None:
     """Add ``train`` and ``evaluate`` to ``app``."""
-
-    @app.command("train")
-    def train(
-        data: Path = typer.Option(..., "--data", exists=True, file_okay=False, help="dataset folder"),
-        out: Path = typer.Option(..., "--out", help="folder for model/, report.md, metrics.json, plots"),
-        horizon: str = typer.Option("60m", "--horizon", help="predict failures within this horizon"),
-        tracking_uri: str = typer.Option(
-            None, "--tracking-uri", envvar="FORESHOCK_TRACKING_URI", help=_TRACKING_HELP
-        ),
-        dask: str = typer.Option(
-            None,
-            "--dask",
-            help="Dask scheduler address: features (when not cached) and lightgbm.dask training run there, "
-            "the workers reading the feature table themselves (it must be on a filesystem they share)",
-        ),
-        cadence: str = typer.Option("60s", "--cadence", help="feature row cadence"),
-        budget: float = typer.Option(1.0, "--budget", help="false alarms allowed per 1,000 node-days"),
-        censor: str = typer.Option(
-            "6h", "--censor", help="training leaves out negatives this close before a failure (0 keeps all)"
-        ),
-        alert_clear: str = typer.Option(
-            "30m", "--alert-clear", help="an alert episode ends after this long with no alerting score"
-        ),
-        prior_weight: float = typer.Option(
-            0.3,
-            "--prior-weight",
-            min=0.0,
-            help="boost the trees from this times logistic regression's log-odds, if that beats trees "
-            "alone on validation (0: trees alone)",
-        ),
-        folds: int = typer.Option(
-            4,
-            "--folds",
-            min=1,
-            help="time blocks the threshold is chosen on: validation plus FOLDS - 1 blocks of the training "
-            "period, each scored by a model that never saw it (1: validation only)",
-        ),
-        budget_confidence: float = typer.Option(
-            0.9,
-            "--budget-confidence",
-            min=0.5,
-            max=0.999,
-            help="the threshold keeps this one-sided upper confidence bound on false alarms in budget",
-        ),
-        no_register: bool = typer.Option(False, "--no-register", help="skip MLflow logging and registration"),
-        seed: int = typer.Option(0, "--seed", help="seed of subsampling and LightGBM: same seed, same model"),
-        features: Path = typer.Option(
-            None, "--features", exists=True, file_okay=False, help=_FEATURES_HELP
-        ),
-        negative_rate: float = typer.Option(
-            1.0,
-            "--negative-rate",
-            min=0.0,
-            max=1.0,
-            help="the trees see this share of the negatives far from any failure (a day or more from a "
-            "failure or a repair), each weighted by its inverse; the rest of the rows are all kept (1: all)",
-        ),
-    ) -> None:
-        """Train the LightGBM risk model and its baselines; print model vs baselines."""
-        from foreshock.commands.progress import progress_bars
-        from foreshock.models.registry import sqlite_uri
-        from foreshock.models.report import print_table
-        from foreshock.models.train import train_from_dataset
-
-        if negative_rate <= 0:
-            raise typer.BadParameter("must be above 0", param_hint="--negative-rate")
-        with _table_errors(), progress_bars() as progress:
-            model = train_from_dataset(
-                data,
-                out,
-                horizon_minutes=_minutes(horizon),
-                tracking_uri=tracking_uri or sqlite_uri(data),
-                dask_address=dask,
-                register=not no_register,
-                cadence_ms=option_ms(cadence, "--cadence"),
-                budget_per_1000_node_days=budget,
-                censor_ms=option_ms(censor, "--censor"),
-                clear_ms=option_ms(alert_clear, "--alert-clear"),
-                prior_weight=prior_weight,
-                folds=folds,
-                budget_confidence=budget_confidence,
-                seed=seed,
-                table=features,
-                negative_rate=negative_rate,
-                progress=progress,
-            )
-        print_table(json.loads((out / "metrics.json").read_text()))
-        where = f"registered as foreshock-risk version {model.version}" if model.version else "not registered"
-        typer.echo(f"model written to {out / 'model'} ({where}); report: {out / 'report.md'}")
-
-    @app.command("evaluate")
-    def evaluate(
-        model: str = typer.Option(
-            ..., "--model", help="models:/ URI or a folder that `foreshock train` wrote"
-        ),
-        data: list[Path] = typer.Option(
-            ...,
-            "--data",
-            exists=True,
-            file_okay=False,
-            help="dataset folder to judge on; repeat it to judge several datasets as one pool",
-        ),
-        out: Path = typer.Option(..., "--out", help="folder for report.md, metrics.json, plots"),
-        tracking_uri: str = typer.Option(
-            None, "--tracking-uri", envvar="FORESHOCK_TRACKING_URI", help=_TRACKING_HELP
-        ),
-        dask: str = typer.Option(
-            None, "--dask", help="Dask scheduler address: compute features there (when not cached)"
-        ),
-        cadence: str = typer.Option(
-            None, "--cadence", help="feature row cadence (default: the one the model was trained at)"
-        ),
-        features: list[Path] = typer.Option(
-            None, "--features", exists=True, file_okay=False,
-            help=_FEATURES_HELP + "; repeat it, once per --data and in the same order",
-        ),
-    ) -> None:
-        """Evaluate a trained model and its baselines on another dataset (or a pool of them)."""
-        from foreshock.commands.progress import progress_bars
-        from foreshock.models.artifact import RiskModel
-        from foreshock.models.evaluate import evaluate as run_evaluation
-        from foreshock.models.registry import sqlite_uri
-        from foreshock.models.report import print_table
-
-        risk_model = RiskModel.load(model, tracking_uri=tracking_uri or sqlite_uri(data[0]))
-        cadence_ms = option_ms(cadence, "--cadence") if cadence else None
-        with _table_errors(), progress_bars() as progress:
-            metrics = run_evaluation(
-                risk_model, data, out, dask_address=dask, cadence_ms=cadence_ms, tables=features or None,
-                progress=progress,
-            )
-        print_table(metrics)
-        typer.echo(f"report: {out / 'report.md'}")
+    app.command("train")(train)
+    app.command("evaluate")(evaluate)

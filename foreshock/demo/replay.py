@@ -10,6 +10,7 @@ mitigator (its consumer skips them), so every action belongs to the replayed day
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,7 +143,8 @@ def replay(cfg: ReplayConfig, on_period: Callable[[ReplayState], None] | None = 
         OnlineEngines(DEFAULT_FEATURE_SET),
         RegistryModelSource(CHAMPION_URI, cfg.tracking_uri),
         config=ServiceConfig(
-            score_every_ms=cfg.score_every_ms, checkpoint_every_s=1e9, reload_every_s=1e9, max_records=100_000
+            score_every_ms=cfg.score_every_ms, checkpoint_every_ms=math.inf, reload_every_ms=math.inf,
+            max_records=100_000,
         ),
         clock=clock,
     ).start()

@@ -58,7 +58,7 @@ def test_calibrate_registers_a_version_and_the_service_serves_it_once_the_alias_
     bus = InMemoryBus(partitions=1)
     source = RegistryModelSource(CHAMPION_URI, mlflow_server)  # follows the alias, as `foreshock serve` does
     service = RiskService(bus, OnlineEngines(DEFAULT_FEATURE_SET), source,
-                          config=ServiceConfig(score_every_ms=300_000, reload_every_s=0.0)).start()
+                          config=ServiceConfig(score_every_ms=300_000, reload_every_ms=0)).start()
     old = service.model.threshold
     assert {s.threshold for s in scores_of_segment(service, bus, 0)} == {old}
 

@@ -78,7 +78,7 @@ def test_the_loop_scores_on_while_a_checkpoint_is_written_and_commits_only_after
 
     bus = InMemoryBus(partitions=2)
     stream(simulator(minutes=40), bus)
-    config = ServiceConfig(group="g", score_every_ms=PERIOD, max_records=20, checkpoint_every_s=0.001)
+    config = ServiceConfig(group="g", score_every_ms=PERIOD, max_records=20, checkpoint_every_ms=1)
     service = RiskService(bus, ENGINES, PathModelSource(risk_model_dir), config=config,
                           checkpoints=SlowDisk(tmp_path, ENGINES.load)).start()
     scores = []

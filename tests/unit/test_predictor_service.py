@@ -26,7 +26,7 @@ ENGINES = OnlineEngines(DEFAULT_FEATURE_SET)
 
 
 def make_service(bus, model_dir, tmp_path, group="g", store=True, **config) -> RiskService:
-    cfg = ServiceConfig(group=group, score_every_ms=PERIOD, checkpoint_every_s=3600, **config)
+    cfg = ServiceConfig(group=group, score_every_ms=PERIOD, checkpoint_every_ms=3_600_000, **config)
     checkpoints = CheckpointStore(tmp_path / "ckpt", ENGINES.load) if store else None
     return RiskService(bus, ENGINES, PathModelSource(model_dir), config=cfg, checkpoints=checkpoints).start()
 
@@ -108,7 +108,7 @@ def test_the_partitions_take_turns_at_checkpointing(sim, risk_model_dir, tmp_pat
     saved: list[tuple[float, int]] = []
     save = store.save
     store.save = lambda p, *args: (saved.append((now[0], p)), save(p, *args))[1]
-    cfg = ServiceConfig(group="g", score_every_ms=PERIOD, checkpoint_every_s=30)
+    cfg = ServiceConfig(group="g", score_every_ms=PERIOD, checkpoint_every_ms=30_000)
     svc = RiskService(bus, ENGINES, PathModelSource(risk_model_dir), config=cfg, checkpoints=store,
                       wall=lambda: now[0]).start()
     drain(svc)  # the clock stands still: nothing is due yet, every partition has changed

@@ -24,7 +24,7 @@ HOUR = 3_600_000
 
 def live_service(bus, model_dir, path, receipt_ms: int, **config) -> RiskService:
     """A service whose wall clock reads ``receipt_ms``: the simulated telemetry is live, not a replay."""
-    cfg = ServiceConfig(group="g", score_every_ms=PERIOD, checkpoint_every_s=3600, **config)
+    cfg = ServiceConfig(group="g", score_every_ms=PERIOD, checkpoint_every_ms=3_600_000, **config)
     return RiskService(bus, ENGINES, PathModelSource(model_dir), config=cfg,
                        checkpoints=CheckpointStore(path, ENGINES.load), clock=lambda: receipt_ms).start()
 
