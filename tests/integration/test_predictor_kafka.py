@@ -169,12 +169,13 @@ def segment(kafka_bootstrap, risk_model_dir):
     return sim, expected
 
 
-def reference_scores(sim, model_dir: Path, period_ms: int) -> dict[tuple[str, int], float]:
+def reference_scores(sim, model_dir: Path, period_ms: int,
+                     lateness_ms: int = 0) -> dict[tuple[str, int], float]:
     """The scores an uninterrupted service gives the same telemetry: in-process, on the in-memory bus."""
     memory = InMemoryBus(partitions=1)
     stream(sim, memory)
     ref = RiskService(memory, OnlineEngines(DEFAULT_FEATURE_SET), PathModelSource(model_dir),
-                      config=ServiceConfig(score_every_ms=period_ms)).start()
+                      config=ServiceConfig(score_every_ms=period_ms, lateness_ms=lateness_ms)).start()
     expected: list[RiskScore] = []
     quiet = 0
     while quiet < 2:
