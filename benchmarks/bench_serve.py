@@ -304,6 +304,7 @@ def run(args: argparse.Namespace) -> int:
         window_start_ms = now_ms()
         for s in live:
             s.sample()
+        spies = {"live": _start_profile(live[0].proc.pid, args, "live", args.seconds)} if args.profile else {}
         caller = subprocess.Popen(
             [*me, "--role", "api", "--url", live[0].url, "--rps", str(args.rps),
              "--seconds", str(args.seconds), "--nodes", str(args.nodes)], stdout=subprocess.PIPE, text=True)
@@ -320,10 +321,11 @@ def run(args: argparse.Namespace) -> int:
         for s in drain:
             _wait(s.url, s.proc, "/healthz")
             s.sample()
-        spy = _start_profile(drain[0].proc.pid, args) if args.profile else None
+        if args.profile:
+            spies["drain"] = _start_profile(drain[0].proc.pid, args, "drain", 600)
         _follow_drain(drain, offered["samples"], timeout=600)
         _stop(drain)
-        if spy is not None:
+        for spy in spies.values():
             spy.wait(60)
         decode = subprocess.run([*me, "--role", "decode", "--kafka", bootstrap, "--seconds", "30"],
                                 capture_output=True, text=True, timeout=120, check=True)
@@ -331,8 +333,9 @@ def run(args: argparse.Namespace) -> int:
         window = [d for d in delays if d[0] >= window_start_ms]
         ckpt = _checkpoint_bytes(tmp / "ckpt")
         lines = _report(args, live, drain, offered, baseline, api, window, hops, ckpt)
-        if spy is not None:
-            lines += _profile_report(args.out / "serve-profile.txt", args.out / "serve-profile.html")
+        for tag in spies:
+            lines += _profile_report(tag, args.out / f"serve-profile-{tag}.txt",
+                                     args.out / f"serve-profile-{tag}.html")
         (args.out / "report.txt").write_text("\n".join(lines) + "\n")
         print(f"(report, profile and logs in {args.out})")
         return 0
@@ -460,11 +463,12 @@ def _report(args, live: list[_Service], drain: list[_Service], offered: dict, ba
         m = end["metrics"]
         n, write_s, top = _histogram(m, "foreshock_predictor_checkpoint_duration_seconds")
         n_stall, stall_s, stall_top = _histogram(m, "foreshock_predictor_checkpoint_stall_seconds")
-        rss = max(x["rss"] for x in drain[i].samples)
-        say(f"memory {i}    resident {rss / 2**20:,.0f} MiB at most in the drain; {n:.0f} partition "
-            f"checkpoints, {write_s / max(n, 1) * 1e3:,.0f} ms each on average (largest <= {top:g} s); the "
-            f"loop stood still {stall_s / max(n_stall, 1) * 1e3:,.1f} ms per checkpoint (largest <= "
-            f"{stall_top:g} s)")
+        rss, idle = max(x["rss"] for x in drain[i].samples), drain[i].samples[0]["rss"]
+        say(f"memory {i}    resident {rss / 2**20:,.0f} MiB at most in the drain ({idle / 2**20:,.0f} MiB "
+            f"before its first record)")
+        say(f"  checkpoints {n:.0f} partitions written, {write_s / max(n, 1) * 1e3:,.0f} ms each on average "
+            f"(largest <= {top:g} s) on the writer thread; the loop stood still "
+            f"{stall_s / max(n_stall, 1) * 1e3:,.1f} ms per checkpoint (largest <= {stall_top:g} s)")
     if ckpt:
         say(f"checkpoint  {sum(ckpt.values()) / 2**20:,.1f} MiB on disk for {args.nodes} nodes in "
             f"{len(ckpt)} partitions ({max(ckpt.values()) / 2**20:,.1f} MiB the largest)")
@@ -481,15 +485,15 @@ def _report(args, live: list[_Service], drain: list[_Service], offered: dict, ba
     return lines
 
 
-def _start_profile(pid: int, args: argparse.Namespace) -> subprocess.Popen:
-    """py-spy (the dev extra) sampling ``pid`` for the drain, as collapsed stacks: whichever thread
+def _start_profile(pid: int, args: argparse.Namespace, tag: str, seconds: float) -> subprocess.Popen:
+    """py-spy (the dev extra) sampling ``pid`` for a phase, as collapsed stacks: whichever thread
     holds the interpreter lock (the process is bound by it), so each sample is a slice of the core."""
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if spy is None:
         raise SystemExit("--profile needs py-spy: pip install -e '.[dev]'")
-    return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", "600",
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
                              "--format", "raw", "--nolineno", "--gil", "--rate", "100",
-                             "--output", str(args.out / "serve-profile.txt")],
+                             "--output", str(args.out / f"serve-profile-{tag}.txt")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -530,8 +534,8 @@ def _stage(frames: list[str]) -> str:
     return "loop: other"
 
 
-def _profile_report(raw: Path, page: Path) -> list[str]:
-    """Where the first service's samples went (by :data:`_STAGES`), and its icicle graph as HTML."""
+def _profile_report(tag: str, raw: Path, page: Path) -> list[str]:
+    """Where the first service's samples went in a phase (by :data:`_STAGES`), and its icicle graph."""
     if not raw.exists():
         return ["profile     py-spy wrote nothing (could it attach?)"]
     tree: dict = {}
@@ -548,7 +552,8 @@ def _profile_report(raw: Path, page: Path) -> list[str]:
         for f in frames:
             node = node.setdefault(f, {"": 0})
             node[""] += n
-    lines = [f"profile     py-spy, {total:,} samples of process 0 (every thread); flame graph {page}"]
+    lines = [f"profile     {tag}: py-spy, {total:,} samples of process 0 holding the interpreter lock; "
+             f"{page}"]
     for label, n in sorted(stages.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {n / total:6.1%}  {label}")
     page.write_text(_icicle(tree, total))
