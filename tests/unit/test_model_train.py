@@ -74,6 +74,21 @@ def test_train_writes_report_plots_metrics_and_model(trained):
     assert model.version == "" and 0 < model.threshold <= 1
 
 
+def test_the_same_data_and_seed_train_the_same_metrics_json(synthetic_cluster, trained, tmp_path):
+    _, out, _ = trained
+    train_from_dataset(synthetic_cluster.data_dir, tmp_path, features=synthetic_cluster.features,
+                       register=False)
+    again, first = (json.loads((d / "metrics.json").read_text()) for d in (tmp_path, out))
+    assert again["_info"].pop("trained_at_ms") >= first["_info"].pop("trained_at_ms")  # when, not what
+    assert again == first
+
+    def trees(folder):  # the booster in LightGBM's text format, less the temporary file it was binned with
+        return [line for line in (folder / "model" / "model.txt").read_text().splitlines()
+                if not line.startswith("[forcedbins_filename:")]
+
+    assert trees(tmp_path) == trees(out)
+
+
 def test_leaf_rows_grow_with_the_training_rows(synthetic_cluster, tmp_path, monkeypatch):
     """Leaves never hold fewer than the floor, and past about five million rows they hold a share
     of them: rows a minute apart are not independent evidence. Training applies the rule and
