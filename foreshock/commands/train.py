@@ -121,6 +121,7 @@ def train(
     where = f"registered as foreshock-risk version {model.version}" if model.version else "not registered"
     typer.echo(f"model written to {out / 'model'} ({where}); report: {out / 'report.md'}")
 
+
 def evaluate(
     model: str = typer.Option(
         ..., "--model", help="models:/ URI or a folder that `foreshock train` wrote"
