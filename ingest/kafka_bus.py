@@ -165,6 +165,8 @@ class KafkaConsumerMember:
         for topic in topics:
             self._consumer.partitions_for_topic(topic)
         self._on_assign = on_assign
+        self._ends: dict[TopicPartition, int] = {}  # asked of the broker where no fetch reported them
+        self._ends_due = 0.0
         self._handover = threading.Lock()
         self._pending: set[tuple[str, int]] | None = None
         listener = None if on_assign is None else _AssignListener(self._hand_over)
@@ -242,15 +244,34 @@ class KafkaConsumerMember:
 
     def lag(self) -> dict[tuple[str, int], int | None]:
         """Records between this member's position and the partition's last known end, per owned
-        partition; None until a fetch has reported the end."""
+        partition; None until a fetch or the broker (:meth:`_ask_ends`) has reported the end."""
+        assigned = self._consumer.assignment()
+        self._ask_ends([tp for tp in assigned if self._consumer.highwater(tp) is None])
         out: dict[tuple[str, int], int | None] = {}
-        for tp in self._consumer.assignment():
+        for tp in assigned:
             try:
                 high, pos = self._consumer.highwater(tp), self._consumer.position(tp, timeout_ms=0)
             except KafkaError:
                 high = pos = None
+            high = self._ends.get(tp) if high is None else high
             out[(tp.topic, tp.partition)] = None if high is None or pos is None else max(0, high - pos)
         return out
+
+    def _ask_ends(self, unknown: list[TopicPartition]) -> None:
+        """The ends of partitions no fetch has reported, from the broker, at most once a second.
+
+        An incremental fetch session (KIP-227) leaves out of its responses the partitions with nothing
+        new, and kafka-python forgets a kept partition's end at a rebalance: a member that had read a
+        partition to its end before a rebalance would otherwise never learn it again (seen in CI: a
+        serve never ready after a second one joined its group, in a full test run).
+        """
+        if not unknown or time.monotonic() < self._ends_due:
+            return
+        self._ends_due = time.monotonic() + 1.0
+        try:
+            self._ends.update(self._consumer.end_offsets(unknown, timeout_ms=500))
+        except KafkaError:  # no broker: the lag stays unknown, as before
+            pass
 
     def reachable(self) -> bool:
         """Whether this member holds an open connection to at least one broker of the cluster.
