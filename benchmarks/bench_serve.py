@@ -241,10 +241,13 @@ class _Service:
     samples: list[dict] = field(default_factory=list)
 
     def sample(self) -> dict:
-        ps = psutil.Process(self.proc.pid)
-        times, metrics = ps.cpu_times(), _metrics(self.url)
-        out = {"t": time.monotonic(), "cpu": times.user + times.system, "consumed": _consumed(metrics),
-               "rss": ps.memory_info().rss, "metrics": metrics}
+        """CPU and memory of the service's processes (the scoring process and its API process)."""
+        main = psutil.Process(self.proc.pid)
+        procs = [main, *main.children(recursive=True)]
+        metrics = _metrics(self.url)
+        cpu = sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+        out = {"t": time.monotonic(), "cpu": cpu, "consumed": _consumed(metrics),
+               "rss": sum(p.memory_info().rss for p in procs), "metrics": metrics}
         self.samples.append(out)
         return out
 

@@ -1,3 +1,4 @@
 from foreshock.cli import app
 
-app()
+if __name__ == "__main__":  # the API process (spawned) imports this module again
+    app()

@@ -146,7 +146,8 @@ class RecordStream:
                     refused[i] = f"record node does not match message key {messages[i].key!r}"
         for i in sorted(refused):
             self.dead_letter(messages[i], refused[i])
-        batch = batch.without(refused)
+        if refused:
+            batch = batch.without(refused)
         self.records += int(batch.counts.sum())
         return batch
 

@@ -1,6 +1,8 @@
 """The risk HTTP API (FastAPI; OpenAPI at ``/docs``).
 
-Reads come from the service's :class:`foreshock.predictor.scoring.RiskBoard` (no model call on a read);
+Reads come from a :class:`RiskReader`: the service itself, or in ``foreshock serve`` the API process's
+mirror of it (:mod:`foreshock.predictor.front`). Reads answer from its
+:class:`foreshock.predictor.scoring.RiskBoard` (no model call on a read);
 ``POST /v1/score`` runs the model on what the caller sends and needs the bearer token. The
 token is passed in by the composition root (``foreshock serve``); this module reads no
 environment. Errors are JSON ``{"detail": ...}``: 400/422 for bad input, 401/403 for a missing
@@ -15,8 +17,9 @@ from __future__ import annotations
 
 import html
 import secrets
+from collections.abc import Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import msgspec
@@ -27,9 +30,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
 from foreshock.ingest.contract import MAX_EPOCH_MS, RecordError, RiskScore, Topic, decode
-from foreshock.predictor.service import NotReady, RiskService
+from foreshock.predictor.scoring import RiskBoard
+from foreshock.predictor.service import NotReady
 
-__all__ = ["create_app", "BodyLimit", "MAX_BODY_BYTES", "status_page"]
+__all__ = ["create_app", "RiskReader", "BodyLimit", "MAX_BODY_BYTES", "status_page"]
 
 _JSON = "application/json"
 _KINDS = {"gpu": Topic.GPU, "xid": Topic.XID, "link": Topic.LINK, "events": Topic.NODE_EVENTS}
@@ -80,6 +84,26 @@ class BodyLimit:
             return message
 
         await self.app(scope, counted, send)
+
+
+class RiskReader(Protocol):
+    """What the API reads and calls: :class:`foreshock.predictor.service.RiskService` in the same
+    process, :class:`foreshock.predictor.front.Mirror` in a process of its own. ``model`` has the
+    served model's ``version``, ``feature_set_hash``, ``threshold``, ``horizon_minutes``,
+    ``feature_names`` and ``metrics``, or is None before one is loaded."""
+
+    board: RiskBoard
+    model: Any
+
+    def failure(self) -> str | None: ...
+
+    def readiness(self) -> tuple[bool, str]: ...
+
+    def metrics_text(self) -> bytes: ...
+
+    def score_rows(self, frame: pd.DataFrame) -> list[RiskScore]: ...
+
+    def score_telemetry(self, records: Sequence[Any], at: int | None = None) -> list[RiskScore]: ...
 
 
 class ErrorDetail(BaseModel):
@@ -199,7 +223,7 @@ def _summary(s: RiskScore) -> dict[str, Any]:
     return {"node": s.node, "ts": s.ts, "probability": s.probability, "alert": s.alert}
 
 
-def create_app(service: RiskService, *, token: str | None, title: str = "Foreshock risk API",
+def create_app(service: RiskReader, *, token: str | None, title: str = "Foreshock risk API",
                max_body_bytes: int = MAX_BODY_BYTES, mitigator_url: str | None = None) -> FastAPI:
     """The API over ``service``. ``token=None`` disables the write endpoints (403); a request body
     over ``max_body_bytes`` is answered 413 before it is read (:class:`BodyLimit`); the status page
@@ -207,7 +231,6 @@ def create_app(service: RiskService, *, token: str | None, title: str = "Foresho
     page, policy = status_page(mitigator_url)
     app = FastAPI(title=title, version="1", description=__doc__)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    service.metrics.watch(service.board, lambda: service.model)  # per-node gauges, read at scrape time
     bearer = HTTPBearer(auto_error=False)
 
     def require_token(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -233,8 +256,8 @@ def create_app(service: RiskService, *, token: str | None, title: str = "Foresho
              "description": "the service loop stopped; the process is about to exit"}},
              summary="Liveness: the process and its service loop are running")
     async def healthz() -> Response:
-        if service.error is not None:
-            return _json({"status": "failed", "reason": repr(service.error)}, 503)
+        if (failure := service.failure()) is not None:
+            return _json({"status": "failed", "reason": failure}, 503)
         return _json({"status": "ok"})
 
     @app.get("/readyz", response_model=Readiness, responses={503: {
@@ -247,11 +270,8 @@ def create_app(service: RiskService, *, token: str | None, title: str = "Foresho
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics",
              responses={200: {"description": "Prometheus text exposition format 0.0.4"}})
-    async def metrics() -> Response:
-        # current at every scrape: the loop also sets it each cycle, but a cycle can wait on the
-        # broker (a flush during an outage), and the gauge must say so while it does
-        service.metrics.ready.set(1 if service.readiness()[0] else 0)
-        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    def metrics() -> Response:  # not async: the mirror forwards it to the scoring process and waits
+        return Response(service.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/nodes", response_model=NodeList, summary="Nodes this process scores, highest risk first")
     async def nodes(

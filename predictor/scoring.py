@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,8 +49,23 @@ class RiskBoard:
         self._past: dict[str, deque[tuple[int, float, bool]]] = {}
         self._ranked: tuple[RiskScore, ...] | None = None  # latest() until the next change
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[str, Any], None]] = []
 
-    def record(self, scores: Iterable[RiskScore]) -> None:
+    def subscribe(self, listener: Callable[[str, Any], None]) -> None:
+        """Call ``listener(kind, payload)`` after every change, under the board's lock (so in
+        order): ``("record", scores)``, ``("forget", nodes)``, ``("restore", rows)``; replaying them
+        on another board (:meth:`apply`) makes it this one. It must be quick: it runs on the loop."""
+        self._listeners.append(listener)
+
+    def apply(self, kind: str, payload: Any) -> None:
+        """Replay a change a listener was told of."""
+        {"record": self.record, "forget": self.forget, "restore": self.restore}[kind](payload)
+
+    def _tell(self, kind: str, payload: Any) -> None:
+        for listener in self._listeners:
+            listener(kind, payload)
+
+    def record(self, scores: Sequence[RiskScore]) -> None:
         """Take new scores (in time order per node); an older score never replaces a newer one."""
         with self._lock:
             for s in scores:
@@ -60,14 +75,18 @@ class RiskBoard:
                 past.append((s.ts, s.probability, s.alert))
                 self._latest[s.node] = s
             self._ranked = None
+            if self._listeners:
+                self._tell("record", scores)
 
     def forget(self, nodes: Iterable[str]) -> None:
         """Drop nodes this process no longer owns (their partition moved to another process)."""
+        nodes = list(nodes)
         with self._lock:
             for n in nodes:
                 self._latest.pop(n, None)
                 self._past.pop(n, None)
             self._ranked = None
+            self._tell("forget", nodes)
 
     def latest(self) -> tuple[RiskScore, ...]:
         """Every node's latest score, highest probability first (ranked once per change: the
@@ -101,9 +120,11 @@ class RiskBoard:
         """Take back rows written by :meth:`export`."""
         import msgspec
 
+        rows = list(rows)
         with self._lock:
             for node, latest, past in rows:
                 self._latest[node] = msgspec.json.decode(latest, type=RiskScore)
                 self._past[node] = deque(((int(t), float(p), bool(a)) for t, p, a in past),
                                          maxlen=self.history)
             self._ranked = None
+            self._tell("restore", rows)

@@ -127,6 +127,7 @@ class RiskService:
         self.clock = clock
         self.wall = wall
         self.board = RiskBoard(config.history)
+        self.metrics.watch(self.board, lambda: self.model)  # per-node gauges, read at scrape time
         self.model: RiskModel | None = None
         self.error: BaseException | None = None
         self._states: dict[int, PartitionState] = {}
@@ -449,6 +450,16 @@ class RiskService:
             bound = self.config.max_lag
             return False, f"consumer is {lag:,} messages behind its topics (ready at {bound:,} or fewer)"
         return True, "ready"
+
+    def failure(self) -> str | None:
+        """Why the loop stopped, or None while it runs."""
+        return None if self.error is None else repr(self.error)
+
+    def metrics_text(self) -> bytes:
+        """The Prometheus exposition, readiness current at the call: the loop sets it each cycle, but
+        a cycle can wait on the broker (a flush during an outage), and the gauge must say so."""
+        self.metrics.ready.set(1 if self.readiness()[0] else 0)
+        return self.metrics.render()
 
     def score_rows(self, frame: pd.DataFrame) -> list[RiskScore]:
         """Score feature rows given by a caller (columns: the model's features; node, ts optional)."""

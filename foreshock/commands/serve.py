@@ -1,4 +1,4 @@
-"""``foreshock serve``: the online risk service (consumer loop + HTTP API) in one process.
+"""``foreshock serve``: the online risk service: the scoring loop, and the HTTP API in a process of its own.
 
 This module is the composition root of the predictor: it reads the environment
 (``FORESHOCK_API_TOKEN``, ``FORESHOCK_API_TOKEN_FILE``, ``MLFLOW_TRACKING_URI``), builds the bus,
@@ -12,7 +12,6 @@ import gc
 import logging
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
 
@@ -83,22 +82,19 @@ def serve(
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error"),
 ) -> None:
     """Consume telemetry, score every node each period, publish risk.scores, serve the risk API."""
-    import uvicorn
-
     from foreshock.commands.brokers import connect_kafka
     from foreshock.features import DEFAULT_FEATURE_SET
     from foreshock.ingest.bus import InMemoryBus
     from foreshock.ingest.kafka_local import cache_dir
-    from foreshock.predictor.api import create_app
     from foreshock.predictor.checkpoint import CheckpointStore
     from foreshock.predictor.engines import OnlineEngines
+    from foreshock.predictor.front import ApiProcess
     from foreshock.predictor.model_source import ModelMismatchError, model_source
     from foreshock.predictor.service import RiskService, ServiceConfig
 
     # `kill -USR1 PID` writes every thread's stack to stderr: what a stuck loop is waiting on
     # (the consumer, the broker, a lock) can be read from a live process without restarting it.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    sys.setswitchinterval(0.0005)  # the API thread waits less for the GIL held by the scoring loop
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kafka", "mlflow", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -134,30 +130,34 @@ def serve(
         raise typer.Exit(2) from None
     # Full collections walk every tracked object while holding the interpreter lock; start-up
     # leaves hundreds of thousands (imported libraries, the model) that never die. Freezing them
-    # keeps each full collection to what the loop allocates, so API answers do not wait on it.
+    # keeps each full collection to what the loop allocates.
     gc.freeze()
     stop = threading.Event()
-    app = create_app(service, token=token, max_body_bytes=max_body_bytes, mitigator_url=mitigator_url)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+    front = ApiProcess(service, host=host, port=port, history=config.history, token=token,
+                       max_body_bytes=max_body_bytes, mitigator_url=mitigator_url,
+                       log_level=log_level.upper()).start()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
 
-    def run_loop() -> None:
-        try:
-            service.run(stop)
-        finally:
-            server.should_exit = True  # a dead loop takes the process down; the supervisor restarts it
+    def watch_api() -> None:  # a dead API process stops this one too; the supervisor restarts both
+        front.process.join()
+        stop.set()
 
-    loop = threading.Thread(target=run_loop, name="risk-service", daemon=True)
-    loop.start()
+    threading.Thread(target=watch_api, name="api-watch", daemon=True).start()
     typer.echo(f"risk API on http://{host}:{port} (docs at /docs); "
                f"{'Kafka ' + kafka if kafka else 'in-memory bus'}; model {service.model.version or model}")
     try:
-        server.run()  # returns on SIGINT / SIGTERM
+        service.run(stop)  # returns once stop is set; raises what stopped the loop (kept in service.error)
+    except Exception:  # noqa: S110 - logged by the loop, reported below
+        pass
     finally:
-        stop.set()
-        loop.join(timeout=60)
+        front.stop()
         bus.close()
     if service.error is not None:
         typer.echo(f"error: the service loop stopped: {service.error!r}", err=True)
+        raise typer.Exit(1)
+    if front.process.exitcode not in (0, None, -signal.SIGTERM):
+        typer.echo(f"error: the API process exited with code {front.process.exitcode}", err=True)
         raise typer.Exit(1)
 
 

@@ -1,0 +1,158 @@
+"""The risk API in a process of its own (``foreshock.predictor.front``), fed by a real service.
+
+A real :class:`RiskService` (in-memory bus, real engine, trained model) scores in this process; the
+API process is spawned as ``foreshock serve`` spawns it and answered over HTTP on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pandas as pd
+import psutil
+import pytest
+
+from foreshock.features import DEFAULT_FEATURE_SET
+from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.kafka_local import free_port
+from foreshock.ingest.simulator import stream
+from foreshock.predictor.engines import OnlineEngines
+from foreshock.predictor.front import ApiProcess
+from foreshock.predictor.model_source import PathModelSource
+from foreshock.predictor.service import RiskService, ServiceConfig
+from tests.fixtures.predictor import simulator
+from tests.unit.test_process_metrics import by_label, samples
+
+TOKEN = "front-token"
+
+
+def _until(check, timeout: float = 30.0):
+    """``check()``'s first truthy answer, polled; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            found = check()
+        except httpx.TransportError:
+            found = None
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not so within {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def front(risk_model_dir):
+    service = RiskService(InMemoryBus(partitions=2), OnlineEngines(DEFAULT_FEATURE_SET),
+                          PathModelSource(risk_model_dir),
+                          config=ServiceConfig(score_every_ms=5 * 60_000)).start()
+    port = free_port()
+    api = ApiProcess(service, host="127.0.0.1", port=port, history=service.config.history, token=TOKEN,
+                     log_level="WARNING").start()
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    try:
+        yield service, api, client
+    finally:
+        api.stop()
+        client.close()
+
+
+def test_the_api_process_mirrors_readiness_and_the_board(front):
+    service, _, client = front
+    assert _until(lambda: client.get("/readyz").json()["reason"].startswith("waiting for a partition"))
+    stream(simulator(minutes=25), service.bus)
+    for _ in range(50):
+        service.run_once()
+    assert service.board.latest()
+    assert _until(lambda: client.get("/readyz").json() == {"ready": True, "reason": "ready"})
+    expected = [{"node": s.node, "ts": s.ts, "probability": s.probability, "alert": s.alert}
+                for s in service.board.latest()]
+    assert _until(lambda: client.get("/v1/nodes", params={"limit": 1000}).json()["nodes"] == expected)
+    node = expected[0]["node"]
+    detail = client.get(f"/v1/nodes/{node}").json()
+    latest, past = service.board.node(node)
+    assert detail["top_features"] == [{"name": f.name, "value": f.value, "contribution": f.contribution}
+                                      for f in latest.top_features]
+    assert [(h["ts"], h["probability"], h["alert"]) for h in detail["history"]] == past
+    assert client.get("/v1/model").json()["version"] == service.model.version
+
+
+def test_a_node_forgotten_by_the_loop_leaves_the_api_and_comes_back_restored(front):
+    service, _, client = front
+    gone = service.board.latest()[-1].node
+    kept = service.board.export([gone])
+    service.board.forget([gone])
+    assert _until(lambda: client.get(f"/v1/nodes/{gone}").status_code == 404)
+    service.board.restore(kept)
+    assert _until(lambda: client.get(f"/v1/nodes/{gone}").status_code == 200)
+
+
+def test_metrics_and_scoring_are_answered_by_the_scoring_process(front):
+    service, _, client = front
+    found = samples(client.get("/metrics").text)
+    assert by_label(found, "foreshock_node_failure_probability", "node") == {
+        s.node: s.probability for s in service.board.latest()}
+    assert found[("foreshock_predictor_ready", ())] == 1.0
+    row = {name: 0.0 for name in service.model.feature_names}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    scored = client.post("/v1/score", json={"rows": [{**row, "node": "n1", "ts": 60_000}]}, headers=auth)
+    assert scored.status_code == 200
+    expected = service.score_rows(pd.DataFrame([{**row, "node": "n1", "ts": 60_000}]))
+    assert scored.json()["scores"][0]["probability"] == expected[0].probability
+    missing = client.post("/v1/score", json={"rows": [{"node": "n1"}]}, headers=auth)  # KeyError over there
+    assert missing.status_code == 400 and "missing feature columns" in missing.json()["detail"]
+
+
+def test_a_failed_loop_shows_on_healthz_and_the_api_process_exits_when_the_feed_closes(front):
+    service, api, client = front
+    service.error = RuntimeError("disk full")
+    try:
+        assert _until(lambda: client.get("/healthz").status_code == 503)
+        assert "disk full" in client.get("/healthz").json()["reason"]
+        assert client.get("/readyz").status_code == 503
+    finally:
+        service.error = None
+    api.stop()
+    assert api.process.exitcode == 0
+
+
+def _serve(model, port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "foreshock", "serve", "--model", str(model), "--port",
+                             str(port), "--simulate-nodes", "4"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _api_process(serve: subprocess.Popen) -> psutil.Process:
+    """The API process of a ``foreshock serve`` (its other child, if any, is multiprocessing's tracker)."""
+    (child,) = [c for c in psutil.Process(serve.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+    return child
+
+
+def test_serve_stops_with_an_error_when_its_api_process_dies(risk_model_dir):
+    port = free_port()
+    serve = _serve(risk_model_dir, port)
+    try:
+        assert _until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200)
+        child = _api_process(serve)
+        child.send_signal(signal.SIGKILL)
+        _, err = serve.communicate(timeout=60)
+        assert serve.returncode == 1 and "the API process exited with code -9" in err
+    finally:
+        serve.kill()
+
+
+def test_serve_stops_cleanly_on_sigterm_and_takes_its_api_process_along(risk_model_dir):
+    port = free_port()
+    serve = _serve(risk_model_dir, port)
+    try:
+        assert _until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200)
+        child = _api_process(serve)
+        serve.send_signal(signal.SIGTERM)
+        serve.communicate(timeout=60)
+        assert serve.returncode == 0
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    finally:
+        serve.kill()
