@@ -10,7 +10,7 @@ what changed.
     scoring process                          API process (``spawn``)
     RiskBoard ── changes ─► Feed thread ══ feed pipe ══► reader thread ─► mirror RiskBoard
     readiness, failure, model ── every 0.25 s ═══════►       (status)    ─► GET /v1/..., /healthz, /readyz
-    Bridge thread ◄══════ calls pipe ═════════ /metrics, POST /v1/score (rare: forwarded)
+    Bridge thread ◄══════ calls pipe ═════════ /metrics (the loop's own), POST /v1/score (forwarded)
 
 The API process exits when the scoring process goes (its feed pipe closes); the scoring process
 stops when the API process dies (``foreshock serve`` watches it), so a supervisor restarts both.
@@ -32,6 +32,7 @@ import msgspec
 import pandas as pd
 
 from foreshock.ingest.contract import RiskScore
+from foreshock.predictor.metrics import BoardMetrics
 from foreshock.predictor.scoring import RiskBoard
 
 __all__ = ["ServedModel", "Mirror", "Feed", "Bridge", "ApiProcess"]
@@ -153,8 +154,8 @@ class Bridge:
 class Mirror:
     """API process: what :func:`foreshock.predictor.api.create_app` reads, kept by the feed.
 
-    Reads (the board, readiness, the model) are answered here; ``/metrics`` and scoring calls are
-    forwarded to the scoring process, one at a time.
+    Reads (the board, readiness, the model, the per-node series) are answered here; the loop's own
+    metrics and scoring calls are forwarded to the scoring process, one at a time.
     """
 
     _CALLS = ("metrics_text", "score_rows", "score_telemetry")
@@ -162,6 +163,7 @@ class Mirror:
     def __init__(self, feed: Connection, calls: Connection, history: int):
         self.board = RiskBoard(history)
         self.model: ServedModel | None = None
+        self.board_metrics = BoardMetrics(self.board, lambda: self.model)
         self._ready: tuple[bool, str] = (False, "waiting for the scoring process")
         self._failure: str | None = None
         self._feed = feed
@@ -205,7 +207,8 @@ class Mirror:
         return self._failure
 
     def metrics_text(self) -> bytes:
-        return self._call("metrics_text")
+        """The scoring process's metrics, then the per-node series rendered here from the mirror."""
+        return self._call("metrics_text", False) + self.board_metrics.render()
 
     def score_rows(self, frame: pd.DataFrame) -> list[RiskScore]:
         return self._call("score_rows", frame)
@@ -270,6 +273,7 @@ def _api_main(feed: Connection, calls: Connection, options: dict[str, Any]) -> N
     from foreshock.predictor.api import create_app
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the scoring process decides
+    sys.setswitchinterval(0.0005)  # the event loop waits less for the lock while the feed decodes a batch
     logging.basicConfig(level=options.pop("log_level", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, port, history = options.pop("host"), options.pop("port"), options.pop("history")

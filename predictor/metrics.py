@@ -2,26 +2,26 @@
 the fleet's per-node gauges ``foreshock_node_failure_probability{node}`` and ``foreshock_node_alert{node}``.
 
 Each service owns a :class:`prometheus_client.CollectorRegistry`, so two services in one process
-(tests, the embedded demo) never share counters; ``/metrics`` renders that registry. The per-node
-gauges and the model's gauges are not set by the scoring loop: :class:`BoardCollector` reads the
-board's latest scores and the model being served when Prometheus scrapes, so they cost the loop
-nothing per record or per node, and a node whose partition moved away stops being exported here.
+(tests, the embedded demo) never share counters; ``/metrics`` renders that registry and the
+board's (:class:`BoardMetrics`). The per-node gauges and the model's gauges are not set by the
+scoring loop: :class:`BoardCollector` reads the board's latest scores and the model being served
+when Prometheus scrapes, so they cost the loop nothing per record or per node, and a node whose
+partition moved away stops being exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from foreshock.models.artifact import RiskModel
     from foreshock.predictor.scoring import RiskBoard
 
-__all__ = ["ServiceMetrics", "BoardCollector", "model_trained_ms"]
+__all__ = ["ServiceMetrics", "BoardMetrics", "BoardCollector", "model_trained_ms"]
 
 # up to 5 minutes: a scoring cycle or checkpoint that stalls must show its size, not read "10 s" at p99
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -69,15 +69,6 @@ class ServiceMetrics:
         self.ready = Gauge("foreshock_predictor_ready", "1 when the service is ready to answer.", registry=r)
         self.model = Gauge("foreshock_predictor_model_info", "The model being served (value 1).",
                            ["version", "feature_set_hash"], registry=r)
-        self._board: BoardCollector | None = None
-
-    def watch(self, board: RiskBoard, model: Callable[[], RiskModel | None]) -> None:
-        """Export ``board``'s per-node gauges and ``model()``'s threshold and training time at each
-        scrape (once per registry: a second call replaces the first)."""
-        if self._board is not None:
-            self.registry.unregister(self._board)
-        self._board = BoardCollector(board, model)
-        self.registry.register(self._board)
 
     def set_model(self, version: str, feature_set_hash: str) -> None:
         """Point the info gauge at the model now being served."""
@@ -89,7 +80,20 @@ class ServiceMetrics:
         return generate_latest(self.registry)
 
 
-def model_trained_ms(model: RiskModel) -> int | None:
+class BoardMetrics:
+    """A board's per-node series and the served model's gauges (:class:`BoardCollector`), in a
+    registry of their own: rendered by whichever process holds the board, the API process's
+    mirror included, so a scrape of 16,384 nodes' series never runs on the scoring loop."""
+
+    def __init__(self, board: RiskBoard, model: Callable[[], Any]):
+        self.registry = CollectorRegistry()
+        self.registry.register(BoardCollector(board, model))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def model_trained_ms(model: Any) -> int | None:
     """When ``model`` was trained (epoch ms, from its model card), or None for a model that does not say."""
     trained = (model.metrics or {}).get("training", {}).get("trained_at_ms")
     return int(trained) if isinstance(trained, int | float) else None
@@ -104,7 +108,7 @@ class BoardCollector(Collector):
     model card says, ``foreshock_predictor_model_trained_timestamp_seconds``.
     """
 
-    def __init__(self, board: RiskBoard, model: Callable[[], RiskModel | None]):
+    def __init__(self, board: RiskBoard, model: Callable[[], Any]):
         self.board = board
         self.model = model
 

@@ -46,7 +46,7 @@ from foreshock.ingest.stream import RecordStream, now_ms, publish
 from foreshock.models.artifact import RiskModel
 from foreshock.predictor.checkpoint import BackgroundWriter, CheckpointStore, Snapshot
 from foreshock.predictor.held import KIND_OF, HeldRecords, apply_by_tick
-from foreshock.predictor.metrics import ServiceMetrics
+from foreshock.predictor.metrics import BoardMetrics, ServiceMetrics
 from foreshock.predictor.model_source import ModelSource, check_model
 from foreshock.predictor.partition import OnlineEngine, PartitionState, receipt_of, time_anomalies, watermark
 from foreshock.predictor.scoring import RiskBoard, score_frame
@@ -127,7 +127,7 @@ class RiskService:
         self.clock = clock
         self.wall = wall
         self.board = RiskBoard(config.history)
-        self.metrics.watch(self.board, lambda: self.model)  # per-node gauges, read at scrape time
+        self.board_metrics = BoardMetrics(self.board, lambda: self.model)  # read at scrape time
         self.model: RiskModel | None = None
         self.error: BaseException | None = None
         self._states: dict[int, PartitionState] = {}
@@ -455,11 +455,13 @@ class RiskService:
         """Why the loop stopped, or None while it runs."""
         return None if self.error is None else repr(self.error)
 
-    def metrics_text(self) -> bytes:
-        """The Prometheus exposition, readiness current at the call: the loop sets it each cycle, but
-        a cycle can wait on the broker (a flush during an outage), and the gauge must say so."""
+    def metrics_text(self, per_node: bool = True) -> bytes:
+        """The Prometheus exposition (the board's per-node series too, unless ``per_node`` is
+        False: the API process renders them from its mirror), readiness current at the call: the
+        loop sets it each cycle, but a cycle can wait on the broker (a flush during an outage), and
+        the gauge must say so."""
         self.metrics.ready.set(1 if self.readiness()[0] else 0)
-        return self.metrics.render()
+        return self.metrics.render() + (self.board_metrics.render() if per_node else b"")
 
     def score_rows(self, frame: pd.DataFrame) -> list[RiskScore]:
         """Score feature rows given by a caller (columns: the model's features; node, ts optional)."""
