@@ -589,14 +589,19 @@ def _icicle(tree: dict, total: int) -> str:
 
 def _watch_risk(bootstrap: str, stop: threading.Event) -> tuple[list, list]:
     """Consume risk.scores in a thread: (boundary, nodes, publication - boundary seconds), bus hops."""
-    from kafka import KafkaConsumer
+    from kafka import KafkaConsumer, TopicPartition
 
     delays: list[tuple[int, int, float]] = []
     hops: list[float] = []
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    # assigned, not subscribed: no group to join, so a slow coordinator cannot make it miss the window
+    logs = [TopicPartition(Topic.RISK, p) for p in sorted(consumer.partitions_for_topic(Topic.RISK))]
+    consumer.assign(logs)
+    consumer.seek_to_end()
+    for tp in logs:  # the ends as of now, not as of the first poll
+        consumer.position(tp)
 
     def run() -> None:
-        consumer = KafkaConsumer(Topic.RISK, bootstrap_servers=bootstrap, auto_offset_reset="latest",
-                                 group_id=f"bench-risk-{uuid.uuid4().hex}", enable_auto_commit=False)
         while not stop.is_set():
             for records in consumer.poll(timeout_ms=200).values():
                 for m in records:

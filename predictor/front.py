@@ -34,10 +34,14 @@ import pandas as pd
 from foreshock.ingest.contract import RiskScore
 from foreshock.predictor.metrics import BoardMetrics
 from foreshock.predictor.scoring import RiskBoard
+from foreshock.predictor.service import NotReady
 
-__all__ = ["ServedModel", "Mirror", "Feed", "Bridge", "ApiProcess"]
+__all__ = ["ServedModel", "Mirror", "Feed", "Bridge", "ApiProcess", "FORWARDED"]
 
 log = logging.getLogger(__name__)
+
+FORWARDED = frozenset({"metrics_text", "score_rows", "score_telemetry"})
+"""The service's methods the API process may call in the scoring process (:class:`Bridge`)."""
 
 STATUS_EVERY_S = 0.25
 """How often the scoring process tells the API process its readiness (and whether its loop failed)."""
@@ -106,7 +110,7 @@ class Feed:
         except queue.Empty:
             return
         while True:
-            if kind == "record":  # msgpack: several times smaller and faster than pickling structs
+            if kind == "record":  # one msgspec call; pickling would reduce each struct in Python
                 self.conn.send_bytes(b"R" + _SCORES.encode(payload))
             else:
                 self.conn.send((kind, payload))
@@ -142,6 +146,8 @@ class Bridge:
             except (EOFError, OSError):
                 return
             try:
+                if name not in FORWARDED:
+                    raise ValueError(f"{name!r} is not a call the API process may forward")
                 answer: tuple[str, Any] = ("ok", getattr(self.service, name)(*args))
             except Exception as exc:  # sent back and raised there, as if the call had run there
                 answer = ("raise", exc)
@@ -157,8 +163,6 @@ class Mirror:
     Reads (the board, readiness, the model, the per-node series) are answered here; the loop's own
     metrics and scoring calls are forwarded to the scoring process, one at a time.
     """
-
-    _CALLS = ("metrics_text", "score_rows", "score_telemetry")
 
     def __init__(self, feed: Connection, calls: Connection, history: int):
         self.board = RiskBoard(history)
@@ -217,8 +221,6 @@ class Mirror:
         return self._call("score_telemetry", list(records), at)
 
     def _call(self, name: str, *args: Any) -> Any:
-        from foreshock.predictor.service import NotReady
-
         with self._lock:
             try:
                 self._calls.send((name, args))

@@ -75,8 +75,7 @@ class RiskBoard:
                 past.append((s.ts, s.probability, s.alert))
                 self._latest[s.node] = s
             self._ranked = None
-            if self._listeners:
-                self._tell("record", scores)
+            self._tell("record", scores)
 
     def forget(self, nodes: Iterable[str]) -> None:
         """Drop nodes this process no longer owns (their partition moved to another process)."""

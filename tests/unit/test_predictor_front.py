@@ -6,6 +6,7 @@ API process is spawned as ``foreshock serve`` spawns it and answered over HTTP o
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from foreshock.ingest.bus import InMemoryBus
 from foreshock.ingest.kafka_local import free_port
 from foreshock.ingest.simulator import stream
 from foreshock.predictor.engines import OnlineEngines
-from foreshock.predictor.front import ApiProcess
+from foreshock.predictor.front import ApiProcess, Bridge
 from foreshock.predictor.model_source import PathModelSource
 from foreshock.predictor.service import RiskService, ServiceConfig
 from tests.fixtures.predictor import simulator
@@ -104,6 +105,20 @@ def test_metrics_and_scoring_are_answered_by_the_scoring_process(front):
     assert scored.json()["scores"][0]["probability"] == expected[0].probability
     missing = client.post("/v1/score", json={"rows": [{"node": "n1"}]}, headers=auth)  # KeyError over there
     assert missing.status_code == 400 and "missing feature columns" in missing.json()["detail"]
+
+
+def test_the_bridge_answers_only_the_calls_the_api_may_forward(front):
+    service = front[0]
+    here, there = multiprocessing.Pipe()
+    Bridge(there, service).start()
+    here.send(("close", ()))  # a method of the service, but not one the API process may call
+    status, error = here.recv()
+    assert status == "raise" and "not a call the API process may forward" in str(error)
+    assert service._stream is not None
+    here.send(("metrics_text", (False,)))
+    status, text = here.recv()
+    assert status == "ok" and b"foreshock_predictor_ready" in text and b"foreshock_node_alert{" not in text
+    here.close()
 
 
 def test_a_failed_loop_shows_on_healthz_and_the_api_process_exits_when_the_feed_closes(front):
