@@ -259,9 +259,10 @@ class KafkaConsumerMember:
         """Each assigned partition's next offset (None where unknown).
 
         ``KafkaConsumer.position`` refreshes committed offsets, runs pending resets and validates
-        positions on every call; the lag is read every cycle for every owned partition (32 calls a
-        cycle took 13 % of a busy service's time). So that runs once, and the positions are read
-        where ``position`` reads them, the consumer's subscription state (kafka-python 3).
+        positions on every call, and the lag is read every cycle for every owned partition (a busy
+        risk service spent more on that than on its features). So that runs once, and the
+        positions are read where ``position`` reads them, the consumer's subscription state
+        (kafka-python 3).
         """
         if not assigned:
             return {}

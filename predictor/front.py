@@ -2,10 +2,9 @@
 
 Why a second process: the API's reads (the board, readiness) are cheap, but in the scoring
 process every request's Python work (the ASGI server, routing, encoding) competes with the loop
-for one interpreter lock. At 500 requests/s the API thread held it 60 % of the time: the loop
-fell behind and every answer, ``/healthz`` included, waited 75-180 ms for the lock. Here the API
-answers from a mirror of the board in its own interpreter, and the loop pays only for sending
-what changed.
+for one interpreter lock: under load the loop fell behind, and every answer, ``/healthz``
+included, waited for the lock. Here the API answers from a mirror of the board in its own
+interpreter, and the loop pays only for sending what changed.
 
     scoring process                          API process (``spawn``)
     RiskBoard ── changes ─► Feed thread ══ feed pipe ══► reader thread ─► mirror RiskBoard
