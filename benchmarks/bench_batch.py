@@ -19,7 +19,7 @@ With ``--subsampling`` it also trains on 128 nodes x 4 days on every row and wit
 ``--negative-rate 0.1``, at the same seed, and judges both on three held-out days of another
 seed, against the stated tolerances.
 
-    .venv/bin/python benchmarks/bench_batch.py            # 32-128 nodes, 2-8 days: ~15 minutes
+    .venv/bin/python benchmarks/bench_batch.py            # 32-128 nodes, 2-8 days: ~4 minutes
     .venv/bin/python benchmarks/bench_batch.py --quick    # smoke run
     .venv/bin/python benchmarks/bench_batch.py --full     # 2,048 nodes x 30 days: hours, the whole machine
 """
