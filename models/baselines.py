@@ -192,10 +192,10 @@ class LogisticBaseline:
         """Fit on (a seeded subsample of at most ``max_rows`` of) the training rows."""
         from sklearn.linear_model import LogisticRegression
 
+        if len(frame) > self.max_rows:  # rows first: the float64 matrix of every row would be gigabytes
+            keep = np.random.default_rng(self.seed).choice(len(frame), self.max_rows, replace=False)
+            frame, y = frame.iloc[keep], np.asarray(y)[keep]
         x = self.matrix(frame)
-        if len(x) > self.max_rows:
-            keep = np.random.default_rng(self.seed).choice(len(x), self.max_rows, replace=False)
-            x, y = x[keep], np.asarray(y)[keep]
         median = np.nanmedian(np.where(np.isnan(x).all(axis=0), 0.0, x), axis=0)
         x = np.where(np.isnan(x), median, x)
         mean, scale = x.mean(axis=0), x.std(axis=0)
