@@ -70,13 +70,18 @@ class Feed:
     """Scoring process: sends the board's changes and the service's status to the API process.
 
     The loop only puts a change on a queue (the board calls :meth:`changed` under its lock); this
-    thread encodes and sends, so a slow reader never holds up scoring.
+    thread encodes and sends, so a slow reader never holds up scoring. A reader that stops (an API
+    process hung, not dead) does not make the queue grow without bound: past ``max_backlog``
+    changes the feed stops queueing and, once the reader takes again, sends the whole board.
     """
 
-    def __init__(self, conn: Connection, service: Any, every_s: float = STATUS_EVERY_S):
+    def __init__(self, conn: Connection, service: Any, every_s: float = STATUS_EVERY_S,
+                 max_backlog: int = 1_000):
         self.conn = conn
         self.service = service
         self.every_s = every_s
+        self.max_backlog = max_backlog
+        self._resync = False
         self._changes: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._model_version: str | None = None
@@ -84,11 +89,16 @@ class Feed:
 
     def start(self) -> Feed:
         self.service.board.subscribe(self.changed)
-        self._changes.put(("restore", self.service.board.export(n.node for n in self.service.board.latest())))
+        self._resync = True  # the board as it stands first
         self._thread.start()
         return self
 
     def changed(self, kind: str, payload: Any) -> None:
+        if self._resync:  # the whole board goes next: it holds this change
+            return
+        if self._changes.qsize() >= self.max_backlog:
+            self._resync = True
+            return
         self._changes.put((kind, payload))
 
     def stop(self) -> None:
@@ -104,6 +114,8 @@ class Feed:
             log.warning("the API process closed its feed")
 
     def _send_changes(self) -> None:
+        if self._resync:
+            self._send_board()
         try:
             kind, payload = self._changes.get(timeout=self.every_s)
         except queue.Empty:
@@ -117,6 +129,18 @@ class Feed:
                 kind, payload = self._changes.get_nowait()
             except queue.Empty:
                 return
+
+    def _send_board(self) -> None:
+        """The whole board, replacing the mirror's: what was queued before is in it. Changes made
+        while it is read are queued again and replayed after it (replaying them is harmless)."""
+        self._resync = False
+        while True:
+            try:
+                self._changes.get_nowait()
+            except queue.Empty:
+                break
+        board = self.service.board
+        self.conn.send(("replace", board.export(s.node for s in board.latest())))
 
     def _send_status(self) -> None:
         model = self.service.model

@@ -53,13 +53,15 @@ class RiskBoard:
 
     def subscribe(self, listener: Callable[[str, Any], None]) -> None:
         """Call ``listener(kind, payload)`` after every change, under the board's lock (so in
-        order): ``("record", scores)``, ``("forget", nodes)``, ``("restore", rows)``; replaying them
+        order): ``("record", scores)``, ``("forget", nodes)``, ``("restore", rows)``, ``("replace",
+        rows)``; replaying them
         on another board (:meth:`apply`) makes it this one. It must be quick: it runs on the loop."""
         self._listeners.append(listener)
 
     def apply(self, kind: str, payload: Any) -> None:
         """Replay a change a listener was told of."""
-        {"record": self.record, "forget": self.forget, "restore": self.restore}[kind](payload)
+        {"record": self.record, "forget": self.forget, "restore": self.restore,
+         "replace": self.replace}[kind](payload)
 
     def _tell(self, kind: str, payload: Any) -> None:
         for listener in self._listeners:
@@ -117,13 +119,22 @@ class RiskBoard:
 
     def restore(self, rows: Iterable[Any]) -> None:
         """Take back rows written by :meth:`export`."""
+        self._take(list(rows), "restore")
+
+    def replace(self, rows: Iterable[Any]) -> None:
+        """Become exactly the rows written by :meth:`export`: every other node is dropped."""
+        self._take(list(rows), "replace")
+
+    def _take(self, rows: list[Any], kind: str) -> None:
         import msgspec
 
-        rows = list(rows)
         with self._lock:
+            if kind == "replace":
+                self._latest.clear()
+                self._past.clear()
             for node, latest, past in rows:
                 self._latest[node] = msgspec.json.decode(latest, type=RiskScore)
                 self._past[node] = deque(((int(t), float(p), bool(a)) for t, p, a in past),
                                          maxlen=self.history)
             self._ranked = None
-            self._tell("restore", rows)
+            self._tell(kind, rows)

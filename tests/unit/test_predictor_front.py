@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import httpx
 import pandas as pd
@@ -19,11 +20,13 @@ import pytest
 
 from foreshock.features import DEFAULT_FEATURE_SET
 from foreshock.ingest.bus import InMemoryBus
+from foreshock.ingest.contract import FeatureContribution, RiskScore
 from foreshock.ingest.kafka_local import free_port
 from foreshock.ingest.simulator import stream
 from foreshock.predictor.engines import OnlineEngines
-from foreshock.predictor.front import ApiProcess, Bridge
+from foreshock.predictor.front import ApiProcess, Bridge, Feed, Mirror
 from foreshock.predictor.model_source import PathModelSource
+from foreshock.predictor.scoring import RiskBoard
 from foreshock.predictor.service import RiskService, ServiceConfig
 from tests.fixtures.predictor import simulator
 from tests.unit.test_process_metrics import by_label, samples
@@ -171,3 +174,36 @@ def test_serve_stops_cleanly_on_sigterm_and_takes_its_api_process_along(risk_mod
         assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     finally:
         serve.kill()
+
+
+def _scores(ts: int, nodes: int = 64) -> list[RiskScore]:
+    top = [FeatureContribution(name=f"feature_{i}", value=float(i), contribution=0.1 * i) for i in range(5)]
+    return [RiskScore(node=f"n{n:03d}", ts=ts, probability=(n * ts % 97) / 97, alert=n % 7 == 0,
+                      threshold=0.5, top_features=top) for n in range(nodes)]
+
+
+def test_a_reader_that_stalls_bounds_the_feed_and_gets_the_whole_board_back():
+    board = RiskBoard(history=5)
+    service = types.SimpleNamespace(board=board, model=None, readiness=lambda: (True, "ready"),
+                                    failure=lambda: None)
+    board.record(_scores(0))
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    feed = Feed(writer, service, every_s=0.05, max_backlog=5).start()
+    try:
+        for ts in range(1, 200):  # nobody reads: the pipe fills, then the queue, then the feed stops queueing
+            board.record(_scores(ts))
+            assert feed._changes.qsize() <= feed.max_backlog
+        assert feed._resync  # changes were dropped: the whole board goes once the reader takes again
+        board.forget(["n000"])
+        mirror = Mirror(reader, calls=None, history=5)
+
+        def caught_up() -> bool:
+            while reader.poll(0.01):
+                mirror.apply(reader.recv_bytes())
+            return mirror.board.latest() == board.latest() and all(
+                mirror.board.node(s.node) == board.node(s.node) for s in board.latest())
+
+        assert _until(caught_up, timeout=30)
+        assert mirror.board.node("n000") is None and len(mirror.board.latest()) == 63
+    finally:
+        feed.stop()
