@@ -6,6 +6,7 @@ API process is spawned as ``foreshock serve`` spawns it and answered over HTTP o
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import signal
 import subprocess
@@ -137,43 +138,35 @@ def test_a_failed_loop_shows_on_healthz_and_the_api_process_exits_when_the_feed_
     assert api.process.exitcode == 0
 
 
-def _serve(model, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "foreshock", "serve", "--model", str(model), "--port",
-                             str(port), "--simulate-nodes", "4"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def _api_process(serve: subprocess.Popen) -> psutil.Process:
-    """The API process of a ``foreshock serve`` (its other child, if any, is multiprocessing's tracker)."""
-    (child,) = [c for c in psutil.Process(serve.pid).children() if "spawn_main" in " ".join(c.cmdline())]
-    return child
+@contextlib.contextmanager
+def _serving(model):
+    """A ``foreshock serve`` on the in-memory bus, healthy, with its API process."""
+    port = free_port()
+    serve = subprocess.Popen([sys.executable, "-m", "foreshock", "serve", "--model", str(model), "--port",
+                              str(port), "--simulate-nodes", "4"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert _until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200)
+        # its other child, if any, is multiprocessing's tracker
+        (api,) = [c for c in psutil.Process(serve.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        yield serve, api
+    finally:
+        serve.kill()
 
 
 def test_serve_stops_with_an_error_when_its_api_process_dies(risk_model_dir):
-    port = free_port()
-    serve = _serve(risk_model_dir, port)
-    try:
-        assert _until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200)
-        child = _api_process(serve)
-        child.send_signal(signal.SIGKILL)
+    with _serving(risk_model_dir) as (serve, api):
+        api.send_signal(signal.SIGKILL)
         _, err = serve.communicate(timeout=60)
         assert serve.returncode == 1 and "the API process exited with code -9" in err
-    finally:
-        serve.kill()
 
 
 def test_serve_stops_cleanly_on_sigterm_and_takes_its_api_process_along(risk_model_dir):
-    port = free_port()
-    serve = _serve(risk_model_dir, port)
-    try:
-        assert _until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200)
-        child = _api_process(serve)
+    with _serving(risk_model_dir) as (serve, api):
         serve.send_signal(signal.SIGTERM)
         serve.communicate(timeout=60)
         assert serve.returncode == 0
-        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
-    finally:
-        serve.kill()
+        assert not api.is_running() or api.status() == psutil.STATUS_ZOMBIE
 
 
 def _scores(ts: int, nodes: int = 64) -> list[RiskScore]:
