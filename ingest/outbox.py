@@ -24,7 +24,11 @@ that bound whatever the broker does; what is still unsent then is put back in fr
 (sent first by the next start) or, without a spool, counted as unsent and lost.
 
 Delivery is at-least-once: a batch the broker wrote but whose acknowledgement was lost is sent
-again. The ``deliver`` callable is injected (production: :meth:`foreshock.ingest.kafka_bus.KafkaBus.deliver`).
+again. That happens mostly as a broker comes back: a batch handed to the producer during the
+outage reaches it just before the producer's delivery timeout fails the batch. So while the bus is
+failing the sender hands over one entry at a time, and the backlog follows only once one is
+acknowledged: a lost acknowledgement then repeats one poll, not the whole backlog. The
+``deliver`` callable is injected (production: :meth:`foreshock.ingest.kafka_bus.KafkaBus.deliver`).
 """
 
 from __future__ import annotations
@@ -174,9 +178,11 @@ class Outbox:
 
     # the sender's side -----------------------------------------------------------------------
     def _take_chunk(self) -> list[Entry]:
+        """The next entries to deliver: up to ``chunk_bytes``, or one entry while the bus is failing."""
         self._promote()
         chunk, size = [], 0
-        while self._memory and (not chunk or size + self._memory[0].size <= self.chunk_bytes):
+        limit = 0 if self._failing_since is not None else self.chunk_bytes
+        while self._memory and (not chunk or size + self._memory[0].size <= limit):
             entry = self._memory.popleft()
             chunk.append(entry)
             size += entry.size

@@ -168,6 +168,31 @@ def test_a_torn_tail_is_skipped_and_the_rest_is_read(tmp_path):
     assert got == [b"000000", b"000001"] and again.records == 0 and len(again) == 0
 
 
+def test_while_the_bus_fails_one_poll_at_a_time_is_handed_over_then_the_backlog_at_once():
+    bus = FlakyBus()
+    bus.up.clear()
+    sizes: list[int] = []
+
+    def deliver(messages, timeout_s):
+        sizes.append(len(messages))
+        return bus.deliver(messages, timeout_s)
+
+    outbox = Outbox(deliver, memory_bytes=1 << 20)
+    outbox.put(_msg(0), 1)
+    outbox.start()
+    _wait(lambda: len(sizes) >= 1)
+    for i in range(1, 50):
+        outbox.put(_msg(i), 1)
+    _wait(lambda: len(sizes) >= 3)  # failed attempts, after the back-off
+    bus.up.set()
+    _wait(lambda: len(bus.log) == 50)
+    outbox.close(1.0)
+    # failed attempts and the first acknowledged one carry one poll (a lost acknowledgement would
+    # repeat that poll only); the acknowledgement ends the failure and the rest go together
+    assert sizes[:-1] == [1] * (len(sizes) - 1) and sizes[-1] == 49, sizes
+    assert bus.log == [f"{i:06d}".encode() for i in range(50)]
+
+
 def test_partly_delivered_polls_resend_only_what_did_not_go():
     sent: list[bytes] = []
     fail_once = [True]
