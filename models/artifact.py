@@ -118,8 +118,12 @@ class RiskModel:
 
     def predict_proba(self, frame: pd.DataFrame | np.ndarray) -> np.ndarray:
         """Calibrated probability that each row's node fails within ``horizon_minutes``."""
+        return self.calibrated(self.margin(frame))
+
+    def calibrated(self, margin: np.ndarray) -> np.ndarray:
+        """The calibrated probability of each :meth:`margin`."""
         a, b = self.calibration
-        return _sigmoid(a * self.margin(frame) + b)
+        return _sigmoid(a * margin + b)
 
     def alerts(self, frame: pd.DataFrame | np.ndarray) -> np.ndarray:
         """Boolean alert per row: calibrated probability at or above ``threshold``."""

@@ -184,9 +184,13 @@ class LogisticBaseline:
         self.seed = seed
 
     def matrix(self, frame: pd.DataFrame) -> np.ndarray:
-        """The frame's features in ``feature_names`` order; infinities become missing values."""
+        """The frame's features in ``feature_names`` order; infinities become missing values.
+        Column-major whatever the frame's own layout: the fit (lbfgs stops at ``max_iter`` before
+        it has converged) and every product with the coefficients round by the layout, and the
+        same rows must give the same model and scores however they were read (so
+        :meth:`log_odds` makes any matrix column-major too)."""
         x = frame[self.feature_names].to_numpy(dtype=np.float64, na_value=np.nan)
-        return np.where(np.isfinite(x), x, np.nan)
+        return np.asfortranarray(np.where(np.isfinite(x), x, np.nan))
 
     def fit(self, frame: pd.DataFrame, y: np.ndarray) -> LogisticBaseline:
         """Fit on (a seeded subsample of at most ``max_rows`` of) the training rows."""
@@ -207,7 +211,7 @@ class LogisticBaseline:
         return self
 
     def _standardised(self, x: np.ndarray) -> np.ndarray:
-        x = np.where(np.isfinite(x), x, np.nan)
+        x = np.asfortranarray(np.where(np.isfinite(x), x, np.nan))  # see matrix()
         return (np.where(np.isnan(x), self.median_, x) - self.mean_) / self.scale_
 
     def terms(self, x: np.ndarray) -> np.ndarray:

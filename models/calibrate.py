@@ -27,7 +27,7 @@ import numpy as np
 
 from foreshock.models.alerting import BUDGET_CONFIDENCE, BudgetChoice, EvalRows
 from foreshock.models.artifact import RiskModel
-from foreshock.models.evaluate import PREDICTORS, clear_ms_of, scores_of
+from foreshock.models.evaluate import PREDICTORS, clear_ms_of, scorers_of
 from foreshock.models.frame import LabelledData
 
 __all__ = ["Calibration", "calibrate"]
@@ -61,8 +61,9 @@ def calibrate(
     labelled = use_labels and bool(frame["label"].any())
     if not labelled:
         frame = frame.assign(label=np.zeros(len(frame), dtype=np.int8))
+    frame = frame.sort_values(["node", "ts"], kind="stable")  # EvalRows' order
+    scores = data.scores(frame, scorers_of(model))
     rows = EvalRows(frame, data.cadence_ms, clear_ms_of(model))
-    scores = scores_of(model, rows.frame)
     choices = {
         p: rows.threshold_for_budget(scores[p], budget_per_1000_node_days, confidence) for p in PREDICTORS
     }

@@ -26,8 +26,8 @@ from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
 from foreshock.models.frame import LabelledData, LabelledStream, combined_fingerprint, open_labelled
 
-__all__ = ["PREDICTORS", "predictor_metrics", "scores_of", "thresholds_of", "budget_of", "clear_ms_of",
-           "evaluate", "write_outputs"]
+__all__ = ["PREDICTORS", "predictor_metrics", "scores_of", "scorers_of", "thresholds_of", "budget_of",
+           "clear_ms_of", "evaluate", "write_outputs"]
 
 PREDICTORS = ("model", "rules", "logistic")
 
@@ -57,13 +57,18 @@ def predictor_metrics(
     return out
 
 
+def scorers_of(model: RiskModel) -> dict[str, Callable[[pd.DataFrame], np.ndarray]]:
+    """The model's and the baselines' (those stored with it) scoring functions, by predictor."""
+    return {
+        "model": model.predict_proba,
+        "rules": rule_scores,
+        "logistic": LogisticBaseline.from_json(model.baselines["logistic"]).score,
+    }
+
+
 def scores_of(model: RiskModel, frame) -> dict[str, np.ndarray]:
     """Scores of the model and of the baselines stored with it, for ``frame``'s rows."""
-    return {
-        "model": model.predict_proba(frame),
-        "rules": rule_scores(frame),
-        "logistic": LogisticBaseline.from_json(model.baselines["logistic"]).score(frame),
-    }
+    return {p: score(frame) for p, score in scorers_of(model).items()}
 
 
 def thresholds_of(model: RiskModel) -> dict[str, float]:

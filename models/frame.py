@@ -15,7 +15,7 @@ time, for a reader (``evaluate``) that need not hold every feature at once.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,15 @@ Progress = Callable[[str, int, int], None]
 
 @dataclass
 class LabelledData:
-    """The labelled frame and what it was made from."""
+    """The labelled rows and what they were made from.
+
+    Read from a feature table, :attr:`frame` holds every row's labels, rule evidence and the
+    row's place in its table day (``_src``), not its features: a month of a 2,048-node fleet is
+    84.5 M rows, 34 GB of float32 features, and no step needs them all at once. A step takes the
+    features of the rows it works on (:meth:`with_features`), or scores rows a table day at a
+    time (:meth:`scores`). Given the features as a frame, :attr:`frame` holds them too.
+    A subset of :attr:`frame` keeps its index, the rows' positions, which is how both methods
+    find their features."""
 
     frame: pd.DataFrame
     feature_names: list[str]
@@ -58,14 +66,61 @@ class LabelledData:
     horizon_ms: int
     manifest: dict[str, Any]
     fingerprint: str
-    table: FeatureTable | None = None  # where the features came from (None: given as a frame)
+    table: FeatureTable | None = None  # where the features come from (None: they are in the frame)
     days: list[tuple[int, int, int]] = field(default_factory=list)  # (day, first row, end) per table day
 
     chunk_count = 1
 
     def chunks(self) -> Iterator[pd.DataFrame]:
-        """The frame, as :meth:`LabelledStream.chunks` hands out its days."""
-        yield self.frame
+        """The frame with its features, as :meth:`LabelledStream.chunks` hands out its days."""
+        yield self.with_features(self.frame)
+
+    def _in_frame(self, rows: pd.DataFrame) -> bool:
+        return self.table is None or all(n in rows.columns for n in self.feature_names)
+
+    def with_features(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """``rows`` (rows of :attr:`frame`, any order) with their feature columns (float32), read
+        from the table, each day of it once."""
+        if self._in_frame(rows):
+            return rows
+        names = self.feature_names
+        positions = rows.index.to_numpy(dtype=np.int64)
+        values = np.empty((len(rows), len(names)), dtype=np.float32)
+        order = np.argsort(positions, kind="stable")
+        ranked = positions[order]
+        src = self.frame["_src"].to_numpy()
+        assert self.table is not None
+        for day, start, stop in self.days:
+            lo, hi = np.searchsorted(ranked, [start, stop])
+            if hi == lo:
+                continue
+            table = self.table.read_day(day, ["node", "ts", *names])
+            at, into = src[ranked[lo:hi]], order[lo:hi]
+            for j, name in enumerate(names):
+                values[into, j] = table[name].to_numpy(dtype=np.float32, na_value=np.nan)[at]
+            del table
+        features = pd.DataFrame(values, index=rows.index, columns=names, copy=False)
+        return pd.concat([rows, features], axis=1, copy=False)
+
+    def scores(
+        self, rows: pd.DataFrame, scorers: Mapping[str, Callable[[pd.DataFrame], np.ndarray]]
+    ) -> dict[str, np.ndarray]:
+        """Each scorer's per-row scores of ``rows`` (rows of :attr:`frame`), in ``rows``' order;
+        the features of one table day in memory at a time. Every scorer scores row by row."""
+        if self._in_frame(rows):
+            return {name: np.asarray(score(rows)) for name, score in scorers.items()}
+        starts = np.array([start for _, start, _ in self.days], dtype=np.int64)
+        day_of = np.searchsorted(starts, rows.index.to_numpy(dtype=np.int64), side="right") - 1
+        out: dict[str, np.ndarray] = {}
+        for d in np.unique(day_of):
+            at = np.flatnonzero(day_of == d)
+            chunk = self.with_features(rows.iloc[at])
+            for name, score in scorers.items():
+                got = np.asarray(score(chunk))
+                if name not in out:
+                    out[name] = np.empty(len(rows), dtype=got.dtype)
+                out[name][at] = got
+        return out or {name: np.asarray(score(self.with_features(rows))) for name, score in scorers.items()}
 
 
 def dataset_fingerprint(data_dir: str | Path) -> str:
@@ -187,6 +242,30 @@ class LabelledStream:
     def _label(self, day: pd.DataFrame, events: pd.DataFrame, names: list[str]) -> pd.DataFrame:
         return _labelled_rows(day, names, events, self.horizon_ms, int(self.manifest["end_ms"]))
 
+    def rows_without_features(
+        self, progress: Progress | None = None
+    ) -> tuple[pd.DataFrame, list[tuple[int, int, int]]]:
+        """Every labelled row with its rule evidence and its place in its table day (``_src``),
+        no feature; and per table day, its (day, first row, end) in that frame."""
+        events = read_events(self.data_dir)
+        end_ms = int(self.manifest["end_ms"])
+        keys, days, at = [], [], 0
+        read = zip(self.table.days, self.table.iter_days(["node", "ts"]), strict=True)
+        for i, (day, rows) in enumerate(read):
+            rows = pd.DataFrame({"node": rows["node"].astype(str).to_numpy(),
+                                 "ts": rows["ts"].to_numpy(dtype=np.int64),
+                                 "_src": np.arange(len(rows), dtype=np.int64)})
+            keys.append(label_rows(rows, events, self.horizon_ms, end_ms=end_ms))
+            days.append((day, at, at + len(keys[-1])))
+            at += len(keys[-1])
+            if progress is not None:
+                progress("labelling the feature table's rows", i + 1, self.chunk_count)
+        frame = pd.concat(keys, ignore_index=True) if keys else pd.DataFrame(columns=["node", "ts", "_src"])
+        del keys
+        if self._rules is None:
+            self._rules = rule_inputs(self.data_dir, frame, self.cadence_ms)
+        return pd.concat([frame, self._rules.set_axis(frame.index)], axis=1), days
+
     def chunks(self) -> Iterator[pd.DataFrame]:
         """Each day's labelled rows with their rule evidence, in time order."""
         events = read_events(self.data_dir)
@@ -233,10 +312,11 @@ def build_labelled(
     table: str | Path | None = None,
     progress: Progress | None = None,
 ) -> LabelledData:
-    """The labelled frame: features (``features``: node, ts, feature columns; or from the feature
-    table, see :func:`feature_table`) labelled, with the rule evidence attached.
+    """The labelled rows: features (``features``: node, ts, feature columns; or from the feature
+    table, see :func:`feature_table`) labelled, with the rule evidence attached. From a table,
+    the frame holds no features: :class:`LabelledData` reads them when a step needs them.
 
-    The frame holds the features as float32, half the memory of the engines' float64: one row a
+    Features are float32, half the memory of the engines' float64: one row a
     minute for 512 nodes over 14 days is 10 million rows, 4 GB of features instead of 8. LightGBM
     bins them anyway: its splits fall midway between the values seen in training, so a float64
     value scored online lands on the side of every split its float32 rounding does, bar values
@@ -252,15 +332,7 @@ def build_labelled(
             dask_address=dask_address,
             progress=progress,
         )
-        chunks, days, at = [], [], 0
-        for i, (day, chunk) in enumerate(zip(stream.table.days, stream.chunks(), strict=True), start=1):
-            chunks.append(chunk)
-            days.append((day, at, at + len(chunk)))
-            at += len(chunk)
-            if progress is not None:
-                progress("loading the feature table", i, stream.chunk_count)
-        frame = pd.concat(chunks, ignore_index=True) if chunks else pd.DataFrame()
-        del chunks
+        frame, days = stream.rows_without_features(progress)
         return LabelledData(
             frame,
             stream.feature_names,

@@ -129,6 +129,7 @@ CENSOR_MS = 6 * 3_600_000
 # "far", and the trees may see a share of such rows, weighted (train --negative-rate)
 FAR_FROM_FAILURE_MS = 24 * 3_600_000
 WEIGHT = "_weight"
+ROW = "_row"  # an evaluated row's place in the labelled frame (score_parts)
 PRIOR_WEIGHT = 0.3
 # Platt's slope is kept at least this (a monotone map); a margin that needs the floor does not
 # calibrate, and fit_with_prior does not choose it
@@ -549,17 +550,20 @@ def fit(
             raise ValueError(f"the {name} period holds no failure: use more nodes or days, or a higher rate")
     rows = booster_rows(train, censor_ms=censor_ms, negatives_per_positive=negatives_per_positive,
                         negative_rate=negative_rate, seed=seed)
-    logistic = _fit_logistic(train, names, seed)
+    used, represented = len(rows), _represented(rows)
+    logistic = _fit_logistic(data.with_features(_logistic_rows(train, seed)), names, seed)
     params = {
         **DEFAULT_PARAMS,
-        "min_child_samples": min_leaf_rows(_represented(rows)),
+        "min_child_samples": min_leaf_rows(represented),
         "monotone_constraints": monotone_directions(names),
         "random_state": seed,
         **(params or {}),
     }
+    val_x = data.with_features(val)
     booster, weight, candidates = fit_with_prior(
-        rows, val, names, params, logistic, prior_weight, dask_address
+        data.with_features(rows), val_x, names, params, logistic, prior_weight, dask_address
     )
+    del rows
     kept = candidates[weight]
     unthresholded = RiskModel(
         booster,
@@ -573,15 +577,18 @@ def fit(
     )
     scorers = {"model": unthresholded.predict_proba, "rules": rule_scores, "logistic": logistic.score}
 
+    val_scores = {p: scorers[p](val_x) for p in PREDICTORS}
+    del val_x
+
     def fit_fold(fold_train: pd.DataFrame, block: pd.DataFrame) -> dict[str, np.ndarray]:
         return fold_scores(
-            fold_train, block, names, params, rounds=booster.current_iteration(), prior_weight=weight,
+            data, fold_train, block, params, rounds=booster.current_iteration(), prior_weight=weight,
             negatives_per_positive=negatives_per_positive, censor_ms=censor_ms, seed=seed,
             dask_address=dask_address, negative_rate=negative_rate,
         )
 
     scored = out_of_fold(
-        train, val, {p: scorers[p](val) for p in PREDICTORS}, fit_fold, horizon_ms=data.horizon_ms,
+        train, val, val_scores, fit_fold, horizon_ms=data.horizon_ms,
         cadence_ms=data.cadence_ms, clear_ms=clear_ms, folds=folds,
     )
     selection = choose_thresholds(scored, budget_per_1000_node_days, budget_confidence)
@@ -594,19 +601,23 @@ def fit(
               **selection["model"].to_json()}
     model = unthresholded.with_threshold(thresholds["model"], baselines=baselines, source=source)
     summaries = [f.summary(thresholds) for f in scored]
-    return Fitted(model, logistic, selection, summaries, candidates, params, len(rows), _represented(rows))
+    return Fitted(model, logistic, selection, summaries, candidates, params, used, represented)
 
 
-def _fit_logistic(train: pd.DataFrame, names: list[str], seed: int) -> LogisticBaseline:
-    """The logistic baseline on its own best training rows (see the module docstring)."""
-    rows = _subsample(train, LOGISTIC_NEGATIVES_PER_POSITIVE, seed)
+def _logistic_rows(train: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """The logistic baseline's own best training rows (see the module docstring)."""
+    return _subsample(train, LOGISTIC_NEGATIVES_PER_POSITIVE, seed)
+
+
+def _fit_logistic(rows: pd.DataFrame, names: list[str], seed: int) -> LogisticBaseline:
+    """The logistic baseline fitted on ``rows`` (:func:`_logistic_rows`, with their features)."""
     return LogisticBaseline(names, seed=seed).fit(rows, rows["label"].to_numpy())
 
 
 def fold_scores(
+    data: LabelledData,
     train: pd.DataFrame,
     block: pd.DataFrame,
-    names: list[str],
     params: dict[str, Any],
     *,
     rounds: int,
@@ -617,35 +628,43 @@ def fold_scores(
     dask_address: str | None = None,
     negative_rate: float = 1.0,
 ) -> dict[str, np.ndarray]:
-    """A fold's models (:mod:`foreshock.models.folds`): the recipe on ``train`` with the model's own
-    choices (``rounds`` trees, ``prior_weight``), its margin Platt-calibrated on ``block``; every
-    predictor's scores on ``block``, in its row order."""
-    logistic = _fit_logistic(train, names, seed)
-    rows = booster_rows(train, censor_ms=censor_ms, negatives_per_positive=negatives_per_positive,
-                        negative_rate=negative_rate, seed=seed)
+    """A fold's models (:mod:`foreshock.models.folds`): the recipe on ``train`` (rows of ``data``)
+    with the model's own choices (``rounds`` trees, ``prior_weight``), its margin Platt-calibrated
+    on ``block``; every predictor's scores on ``block``, in its row order."""
+    names = data.feature_names
+    logistic = _fit_logistic(data.with_features(_logistic_rows(train, seed)), names, seed)
+    rows = data.with_features(booster_rows(train, censor_ms=censor_ms,
+                                           negatives_per_positive=negatives_per_positive,
+                                           negative_rate=negative_rate, seed=seed))
     init = (prior_weight * logistic.frame_log_odds(rows), None) if prior_weight > 0 else None
     weight = rows[WEIGHT].to_numpy() if WEIGHT in rows else None
     booster = fit_booster(rows[names], rows["label"].to_numpy(), None, None, params, dask_address,
                           init=init, rounds=rounds, weight=weight)
+    del rows
 
     def as_model(calibration: tuple[float, float]) -> RiskModel:
         return RiskModel(booster, feature_names=names, feature_set_hash="fold", threshold=1.0,
                          calibration=calibration, prior=logistic, prior_weight=prior_weight)
 
-    margin = as_model((1.0, 0.0)).margin(block)
-    model = as_model(platt_calibration(margin, block["label"].to_numpy())).predict_proba(block)
-    return {"model": model, "rules": rule_scores(block), "logistic": logistic.score(block)}
+    scorers = {"model": as_model((1.0, 0.0)).margin, "rules": rule_scores, "logistic": logistic.score}
+    scores = data.scores(block, scorers)
+    margin = scores["model"]
+    calibrated = as_model(platt_calibration(margin, block["label"].to_numpy())).calibrated(margin)
+    return {**scores, "model": calibrated}
 
 
 def score_parts(
-    fitted: Fitted, parts: dict[str, pd.DataFrame], cadence_ms: int, clear_ms: int
+    data: LabelledData, fitted: Fitted, parts: dict[str, pd.DataFrame], cadence_ms: int, clear_ms: int
 ) -> dict[str, tuple[EvalRows, dict]]:
-    """Every predictor's scores on validation, test and the held-out nodes' test rows."""
+    """Every predictor's scores on validation, test and the held-out nodes' test rows (rows of
+    ``data``), a table day at a time. Each part's rows keep their place in ``data`` (:data:`ROW`)."""
     scorers = {"model": fitted.model.predict_proba, "rules": rule_scores, "logistic": fitted.logistic.score}
     evaluated: dict[str, tuple[EvalRows, dict]] = {}
     for part in ("test", "val", "test_unseen_nodes"):
-        rows = EvalRows(parts[part], cadence_ms, clear_ms)
-        evaluated[part] = (rows, {p: scorers[p](rows.frame) for p in PREDICTORS})
+        ordered = parts[part].sort_values(["node", "ts"], kind="stable")  # EvalRows' order
+        scores = data.scores(ordered, {p: scorers[p] for p in PREDICTORS})
+        rows = EvalRows(ordered.assign(**{ROW: ordered.index.to_numpy()}), cadence_ms, clear_ms)
+        evaluated[part] = (rows, scores)
     return evaluated
 
 
@@ -769,7 +788,7 @@ def train_on(
         budget_confidence=budget_confidence,
         negative_rate=negative_rate,
     )
-    evaluated = score_parts(fitted, parts, data.cadence_ms, clear_ms)
+    evaluated = score_parts(data, fitted, parts, data.cadence_ms, clear_ms)
     metrics = training_metrics(
         data,
         fitted,
@@ -852,6 +871,7 @@ def train_from_dataset(
 
         tracking_uri = tracking_uri or sqlite_uri(data_dir)
         test_rows = evaluated["test"][0]
+        test = test_rows.frame.set_index(ROW)
         registration = log_and_register(
             model,
             tracking_uri=tracking_uri,
@@ -872,7 +892,7 @@ def train_from_dataset(
             metrics=_flat_metrics(metrics),
             dataset_fingerprint=data.fingerprint,
             score_on_test=lambda m: float(
-                average_precision_score(test_rows.label, m.predict_proba(test_rows.frame))
+                average_precision_score(test_rows.label, data.scores(test, {"m": m.predict_proba})["m"])
             ),
         )
         model.version = registration.version
@@ -882,12 +902,23 @@ def train_from_dataset(
             "previous_champion": registration.previous_champion,
         }
     model.save(out_dir / "model")
-    written = write_outputs(out_dir, metrics, evaluated, model, title="Risk model training")
+    written = write_outputs(out_dir, metrics, evaluated, model, title="Risk model training",
+                            shap_frame=_shap_rows(data, evaluated["test"][0]))
     if register:
         from foreshock.models.registry import log_artifacts
 
         log_artifacts(tracking_uri, registration.run_id, written)
     return model
+
+
+def _shap_rows(data: LabelledData, rows: EvalRows) -> pd.DataFrame:
+    """The rows :func:`foreshock.models.plots.shap_importance` explains, with their features."""
+    from foreshock.models.plots import SHAP_ROWS
+
+    frame = rows.frame.set_index(ROW)
+    if len(frame) > SHAP_ROWS:
+        frame = frame.sample(SHAP_ROWS, random_state=0)
+    return data.with_features(frame)
 
 
 def _flat_metrics(metrics: dict[str, Any]) -> dict[str, float]:

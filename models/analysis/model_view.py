@@ -90,6 +90,7 @@ def test_rows(report: ModelReport, data_dir: str | Path) -> tuple[EvalRows, dict
     if info.get("dataset_fingerprint") not in (None, data.fingerprint):
         raise ValueError(f"{data_dir} is not the dataset this model was trained on")
     frame = data.frame[data.frame["ts"] >= int(info["split"]["test_start_ms"])]
+    frame = data.with_features(frame.sort_values(["node", "ts"], kind="stable"))
     rows = EvalRows(frame, data.cadence_ms, clear_ms_of(report.model))
     return rows, scores_of(report.model, rows.frame)
 
