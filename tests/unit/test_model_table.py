@@ -85,6 +85,25 @@ def test_train_and_evaluate_on_the_table_give_the_in_memory_metrics(
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text()) == json.loads(json.dumps(in_memory))
 
 
+def test_from_a_table_the_frame_holds_no_feature_and_any_rows_read_theirs(cluster, tables):
+    data = build_labelled(cluster.data_dir, HOUR, table=tables["cluster"])
+    names = data.feature_names
+    assert not set(names) & set(data.frame.columns) and len(data.days) >= 3
+    in_memory = build_labelled(cluster.data_dir, HOUR, features=compute_features(cluster.data_dir),
+                               feature_set=FS).frame.set_index(["node", "ts"])
+
+    rows = data.frame.sample(frac=0.3, random_state=1)  # any order, across every day
+    got = data.with_features(rows)
+    assert got.index.equals(rows.index) and got[names].dtypes.eq(np.float32).all()
+    want = in_memory.loc[pd.MultiIndex.from_frame(rows[["node", "ts"]]), names]
+    np.testing.assert_array_equal(got[names].to_numpy(), want.to_numpy())
+
+    scorers = {"first": lambda f: f[names[0]].to_numpy(), "rows": lambda f: np.full(len(f), len(f))}
+    scored = data.scores(rows, scorers)
+    np.testing.assert_array_equal(scored["first"], want[names[0]].to_numpy())
+    assert scored["rows"].max() < len(rows)  # a day at a time, never every row at once
+
+
 def test_without_a_table_the_features_are_computed_once_into_the_cache(other, tables, monkeypatch):
     first = feature_table(other.data_dir)
     assert first.path.parent.name == CACHE_DIR and first.identity.feature_set_hash == FS.hash
