@@ -155,13 +155,13 @@ MIN_LEAF_SHARE = 1 / 16_000
 TAIL_QUANTILES = (1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
 
 
-def tail_bin_bounds(x: pd.DataFrame) -> list[dict[str, Any]]:
+def tail_bin_bounds(x: pd.DataFrame, names: list[str] | None = None) -> list[dict[str, Any]]:
     """LightGBM's forced bins (``forcedbins_filename``'s content): for every column of ``x``
-    with a finite value, bin bounds at :data:`TAIL_QUANTILES` of its values and at their mirror
-    images (1 - q). LightGBM fills the rest of ``max_bin`` as usual."""
+    (its ``names``, default all) with a finite value, bin bounds at :data:`TAIL_QUANTILES` of its
+    values and at their mirror images (1 - q). LightGBM fills the rest of ``max_bin`` as usual."""
     qs = [*TAIL_QUANTILES, *(1.0 - q for q in TAIL_QUANTILES)]
     out = []
-    for i, name in enumerate(x.columns):
+    for i, name in enumerate(x.columns if names is None else names):
         v = x[name].to_numpy(dtype=np.float64, na_value=np.nan)
         v = v[np.isfinite(v)]
         if v.size:
@@ -170,12 +170,12 @@ def tail_bin_bounds(x: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def forced_bins_file(x: pd.DataFrame) -> Iterator[str]:
+def forced_bins_file(x: pd.DataFrame, names: list[str] | None = None) -> Iterator[str]:
     """The path of a temporary file holding :func:`tail_bin_bounds` of ``x``: LightGBM's
     ``forcedbins_filename``, which it reads when it bins a dataset."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "forced_bins.json"
-        path.write_text(json.dumps(tail_bin_bounds(x)))
+        path.write_text(json.dumps(tail_bin_bounds(x, names)))
         yield str(path)
 
 
@@ -255,6 +255,7 @@ def fit_booster(
     init: tuple[np.ndarray, np.ndarray | None] | None = None,
     rounds: int | None = None,
     weight: np.ndarray | None = None,
+    names: list[str] | None = None,
 ) -> lgb.Booster:
     """Fit, then keep the iterations with the best validation average precision (at least
     :data:`MIN_ROUNDS` of them); returns a booster holding only those iterations. With
@@ -264,13 +265,16 @@ def fit_booster(
     ``init`` is the log-odds the trees start from on the training and validation rows
     (LightGBM's ``init_score``; validation is judged on it plus the trees). Without it LightGBM
     starts from the training base rate. ``weight``: each training row's weight
-    (:func:`thin_far_negatives`).
+    (:func:`thin_far_negatives`). ``names``: the columns of ``x_train`` and ``x_val`` that are
+    features (default: every column), so that a frame of rows need not be copied into one of
+    features first.
 
     LightGBM bins the rows from float32 blocks of :data:`DATASET_BLOCK_ROWS` (:func:`_blocks`),
     never one whole matrix, and frees them once binned. With a
     :class:`~foreshock.models.frame.TableOnDask` address the trees grow through ``lightgbm.dask``
     on rows the workers read from the feature table themselves (:func:`_rows_on_workers`)."""
-    booster = _fit_booster(x_train, y_train, x_val, y_val, params, dask_address, init, rounds, weight)
+    names = list(x_train.columns) if names is None else names
+    booster = _fit_booster(x_train, y_train, x_val, y_val, params, names, dask_address, init, rounds, weight)
     fitted = _BOOSTER_FITTED.get()
     if fitted is not None:
         fitted()
@@ -283,6 +287,7 @@ def _fit_booster(
     x_val: pd.DataFrame | None,
     y_val: np.ndarray | None,
     params: dict[str, Any],
+    names: list[str],
     dask_address: str | None = None,
     init: tuple[np.ndarray, np.ndarray | None] | None = None,
     rounds: int | None = None,
@@ -292,15 +297,16 @@ def _fit_booster(
     if dask_address is None:
         history: list[float] = []
         judged = rounds is None
-        names = list(x_train.columns)
-        with forced_bins_file(x_train) as path:
+        with forced_bins_file(x_train, names) as path:
             booster = lgb.train(
                 {**params, "metric": "average_precision", "forcedbins_filename": path},
                 lgb.Dataset(
-                    _blocks(x_train), y_train, weight=weight, init_score=init_train, feature_name=names
+                    _blocks(x_train, names), y_train, weight=weight, init_score=init_train, feature_name=names
                 ),
                 num_boost_round=MAX_ROUNDS if judged else rounds,
-                valid_sets=[lgb.Dataset(_blocks(x_val), y_val, init_score=init_val, feature_name=names)]
+                valid_sets=[
+                    lgb.Dataset(_blocks(x_val, names), y_val, init_score=init_val, feature_name=names)
+                ]
                 if judged
                 else [],
                 callbacks=[_stop_after(history)] if judged else [],
@@ -310,18 +316,18 @@ def _fit_booster(
     from lightgbm.dask import DaskLGBMClassifier
 
     with Client(dask_address) as client:
-        train = _rows_on_workers(client, dask_address, x_train, y_train, weight, init_train)
+        train = _rows_on_workers(client, dask_address, x_train[names], y_train, weight, init_train)
         local = {k: v for k, v in params.items() if k != "n_jobs"}  # lightgbm.dask sets threads per worker
         local.setdefault("n_estimators", DASK_ROUNDS)
         if rounds is not None:
             local["n_estimators"] = rounds
         # each worker builds its own bins: the bounds file must be at the same path on every one
         path = str(Path(tempfile.gettempdir()) / f"foreshock-forced-bins-{uuid.uuid4().hex}.json")
-        client.run(_write_text, path, json.dumps(tail_bin_bounds(x_train)))
+        client.run(_write_text, path, json.dumps(tail_bin_bounds(x_train, names)))
         try:
             clf = DaskLGBMClassifier(client=client, forcedbins_filename=path, **local)
             clf.fit(
-                train[list(x_train.columns)],
+                train[names],
                 train["_label"],
                 sample_weight=None if weight is None else train["_weight"],
                 init_score=None if init_train is None else train["_init"],
@@ -333,7 +339,7 @@ def _fit_booster(
         return booster
     start = 0.0 if init_val is None else init_val
     curve = [
-        float(average_precision_score(y_val, start + booster.predict(x_val, raw_score=True, num_iteration=k)))
+        float(average_precision_score(y_val, start + predict_blocks(booster, x_val, names, num_iteration=k)))
         for k in range(1, booster.current_iteration() + 1)
     ]
     return _trim(booster, _best_iteration(curve))
@@ -342,12 +348,19 @@ def _fit_booster(
 DATASET_BLOCK_ROWS = 1 << 16
 
 
-def _blocks(x: pd.DataFrame) -> list[np.ndarray]:
-    """``x`` as float32 blocks of rows: LightGBM bins a list of blocks as it would bin them stacked
-    (the same sampled rows, the same bins, the same trees) without a copy of the whole matrix."""
+def _blocks(x: pd.DataFrame, names: list[str]) -> list[np.ndarray]:
+    """``x[names]`` as float32 blocks of rows: LightGBM bins a list of blocks as it would bin them
+    stacked (the same sampled rows, the same bins, the same trees) without a copy of the whole matrix."""
     step = DATASET_BLOCK_ROWS
-    blocks = [x.iloc[i : i + step].to_numpy(np.float32, na_value=np.nan) for i in range(0, len(x), step)]
-    return blocks or [np.empty((0, x.shape[1]), dtype=np.float32)]
+    blocks = [
+        x.iloc[i : i + step][names].to_numpy(np.float32, na_value=np.nan) for i in range(0, len(x), step)
+    ]
+    return blocks or [np.empty((0, len(names)), dtype=np.float32)]
+
+
+def predict_blocks(booster: lgb.Booster, x: pd.DataFrame, names: list[str], **kwargs: Any) -> np.ndarray:
+    """``booster``'s raw scores of ``x[names]``, a block of rows at a time (no copy of the whole matrix)."""
+    return np.concatenate([booster.predict(b, raw_score=True, **kwargs) for b in _blocks(x, names)])
 
 
 def _rows_on_workers(
@@ -415,9 +428,9 @@ def fit_with_prior(
     for weight in weights:
         init = None if weight == 0 else (weight * linear["train"], weight * linear["val"])
         fitted[weight] = fit_booster(
-            train[names], y_train, val[names], y_val, params, dask_address, init=init, weight=row_weight
+            train, y_train, val, y_val, params, dask_address, init=init, weight=row_weight, names=names
         )
-        margin = fitted[weight].predict(val[names], raw_score=True) + (init[1] if init else 0.0)
+        margin = predict_blocks(fitted[weight], val, names) + (init[1] if init else 0.0)
         slope, intercept = platt_calibration(margin, y_val)
         judged[weight] = {
             "pr_auc": float(average_precision_score(y_val, margin)),
@@ -638,8 +651,8 @@ def fold_scores(
                                            negative_rate=negative_rate, seed=seed))
     init = (prior_weight * logistic.frame_log_odds(rows), None) if prior_weight > 0 else None
     weight = rows[WEIGHT].to_numpy() if WEIGHT in rows else None
-    booster = fit_booster(rows[names], rows["label"].to_numpy(), None, None, params, dask_address,
-                          init=init, rounds=rounds, weight=weight)
+    booster = fit_booster(rows, rows["label"].to_numpy(), None, None, params, dask_address,
+                          init=init, rounds=rounds, weight=weight, names=names)
     del rows
 
     def as_model(calibration: tuple[float, float]) -> RiskModel:
