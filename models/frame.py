@@ -94,11 +94,11 @@ class LabelledData:
             lo, hi = np.searchsorted(ranked, [start, stop])
             if hi == lo:
                 continue
-            table = self.table.read_day(day, ["node", "ts", *names])
-            at, into = src[ranked[lo:hi]], order[lo:hi]
+            taken = self.table.day_rows(day, src[ranked[lo:hi]], names)
+            into = order[lo:hi]
             for j, name in enumerate(names):
-                values[into, j] = table[name].to_numpy(dtype=np.float32, na_value=np.nan)[at]
-            del table
+                values[into, j] = taken.column(name).to_numpy().astype(np.float32, copy=False)
+            del taken
         features = pd.DataFrame(values, index=rows.index, columns=names, copy=False)
         return pd.concat([rows, features], axis=1, copy=False)
 
