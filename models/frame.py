@@ -45,6 +45,7 @@ CACHE_DIR = "feature-cache"
 """The folder of a dataset that holds its cached feature tables, one per identity."""
 
 Progress = Callable[[str, int, int], None]
+SCORE_BLOCK_ROWS = 1 << 16
 
 
 @dataclass
@@ -106,21 +107,27 @@ class LabelledData:
         self, rows: pd.DataFrame, scorers: Mapping[str, Callable[[pd.DataFrame], np.ndarray]]
     ) -> dict[str, np.ndarray]:
         """Each scorer's per-row scores of ``rows`` (rows of :attr:`frame`), in ``rows``' order;
-        the features of one table day in memory at a time. Every scorer scores row by row."""
-        if self._in_frame(rows):
-            return {name: np.asarray(score(rows)) for name, score in scorers.items()}
-        starts = np.array([start for _, start, _ in self.days], dtype=np.int64)
-        day_of = np.searchsorted(starts, rows.index.to_numpy(dtype=np.int64), side="right") - 1
+        the features of one table day in memory at a time, handed to the scorers
+        :data:`SCORE_BLOCK_ROWS` rows at a time (a scorer's float64 copies of a whole day would be
+        gigabytes at a fleet's size). Every scorer scores row by row."""
+        in_frame = self._in_frame(rows)
+        if in_frame:
+            days = [np.arange(len(rows))]
+        else:
+            starts = np.array([start for _, start, _ in self.days], dtype=np.int64)
+            day_of = np.searchsorted(starts, rows.index.to_numpy(dtype=np.int64), side="right") - 1
+            days = [np.flatnonzero(day_of == d) for d in np.unique(day_of)] or [np.arange(0)]
         out: dict[str, np.ndarray] = {}
-        for d in np.unique(day_of):
-            at = np.flatnonzero(day_of == d)
-            chunk = self.with_features(rows.iloc[at])
-            for name, score in scorers.items():
-                got = np.asarray(score(chunk))
-                if name not in out:
-                    out[name] = np.empty(len(rows), dtype=got.dtype)
-                out[name][at] = got
-        return out or {name: np.asarray(score(self.with_features(rows))) for name, score in scorers.items()}
+        for at in days:
+            chunk = rows if in_frame else self.with_features(rows.iloc[at])
+            for i in range(0, max(len(at), 1), SCORE_BLOCK_ROWS):
+                block = chunk.iloc[i : i + SCORE_BLOCK_ROWS]
+                for name, score in scorers.items():
+                    got = np.asarray(score(block))
+                    if name not in out:
+                        out[name] = np.empty(len(rows), dtype=got.dtype)
+                    out[name][at[i : i + SCORE_BLOCK_ROWS]] = got
+        return out
 
 
 def dataset_fingerprint(data_dir: str | Path) -> str:
