@@ -275,11 +275,10 @@ class LabelledStream:
 
     def chunks(self) -> Iterator[pd.DataFrame]:
         """Each day's labelled rows with their rule evidence, in time order."""
-        events = read_events(self.data_dir)
         if self._rules is None:
-            days = self.table.iter_days(["node", "ts"])
-            keys = pd.concat([self._label(d, events, []) for d in days], ignore_index=True)
-            self._rules = rule_inputs(self.data_dir, keys, self.cadence_ms)
+            self.rows_without_features()  # computes the rule evidence of every row
+        assert self._rules is not None
+        events = read_events(self.data_dir)
         at = 0
         for day in self.table.iter_days():
             frame = self._label(day, events, self.feature_names)
