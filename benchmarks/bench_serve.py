@@ -246,8 +246,10 @@ class _Service:
         main = psutil.Process(self.proc.pid)
         procs = [main, *main.children(recursive=True)]
         metrics = _metrics(self.url)
-        cpu = sum(t.user + t.system for t in (p.cpu_times() for p in procs))
-        out = {"t": time.monotonic(), "cpu": cpu, "consumed": _consumed(metrics),
+        times = [p.cpu_times() for p in procs]
+        cpu = [t.user + t.system for t in times]
+        out = {"t": time.monotonic(), "cpu": sum(cpu), "cpu_api": sum(cpu[1:]),
+               "cpu_kernel": sum(t.system for t in times), "consumed": _consumed(metrics),
                "rss": sum(p.memory_info().rss for p in procs), "metrics": metrics}
         self.samples.append(out)
         return out
@@ -426,8 +428,10 @@ def _report(args, live: list[_Service], drain: list[_Service], offered: dict, ba
     say(f"  ratio     {ratio:10.2f}   target >= 0.5: {'met' if ratio >= 0.5 else 'NOT met'}")
     for i, ((start, end), n, c) in enumerate(zip(spans, taken, cpu, strict=True)):
         owned = end["metrics"].get(owned_key, float("nan"))
+        api, kernel = (end[k] - start[k] for k in ("cpu_api", "cpu_kernel"))
         say(f"  process {i} {owned:.0f} partitions, {n / sum(taken):.0%} of the samples at "
-            f"{n / (end['t'] - start['t']):,.0f}/s, {c:.1f} CPU-s: {n / c:,.0f} samples per CPU-second")
+            f"{n / (end['t'] - start['t']):,.0f}/s, {c:.1f} CPU-s ({api:.1f} of them its API process's, "
+            f"{kernel:.1f} in the kernel): {n / c:,.0f} samples per CPU-second")
 
     wall_live = [s.samples[1]["t"] - s.samples[0]["t"] for s in live]
     ingested = [(s.samples[1]["consumed"] - s.samples[0]["consumed"]) / w for s, w in zip(live, wall_live,

@@ -214,6 +214,8 @@ class OnlineFeatureEngine:
                 cols = {k: v[fresh] for k, v in cols.items()}
         if not len(cols["ts"]):
             return None
+        for column in cols.values():  # replaced, never written to: a snapshot shares them
+            column.flags.writeable = False
         self._pending[kind].append(cols)
         self._watermark = max(self._watermark, int(cols["ts"].max()))
         return cols
@@ -461,6 +463,21 @@ class OnlineFeatureEngine:
         return table
 
     # -- persistence -------------------------------------------------------------------------
+    def snapshot(self) -> OnlineFeatureEngine:
+        """A copy to :meth:`save` on another thread while this engine goes on, for the price of
+        the state updated in place: the rings, the counter carries and the node and port codes.
+        The pending records, returns and history are only ever replaced (pending columns are
+        read-only), so the copy shares them; the open buckets' statistics, which :meth:`save`
+        leaves out, are not copied."""
+        out = copy.copy(self)
+        n = len(self._nodes)
+        out._nodes, out._ports = copy.deepcopy(self._nodes), copy.deepcopy(self._ports)
+        out._carry = Carry(self._carry.gpu.copy(), self._carry.link.copy())
+        out._rings = {r: ring[:, :n].copy() for r, ring in self._rings.items()}
+        out._pending = {kind: list(chunks) for kind, chunks in self._pending.items()}
+        out._open = None
+        return out
+
     def save(self, path: str | Path) -> None:
         """Write the whole state to one ``.npz`` (arrays + a JSON header; no pickle)."""
         meta = {

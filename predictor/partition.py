@@ -69,6 +69,8 @@ class OnlineEngine(Protocol):
 
     def save(self, path: Any) -> Any: ...
 
+    def snapshot(self) -> Any: ...
+
 
 def _at_end(state: PartitionState, topic: str, lag: Mapping[tuple[str, int], int | None]) -> bool:
     """Whether the log of ``topic`` in ``state``'s partition has no unread record (lag 0, or not ours)."""

@@ -26,7 +26,6 @@ checkpointed offsets before any record is read, so replay reproduces the same sc
 
 from __future__ import annotations
 
-import copy
 import heapq
 import logging
 import threading
@@ -338,8 +337,8 @@ class RiskService:
         meta = state.meta()
         meta["board"] = self.board.export(state.engine.nodes())
         engine = state.engine
-        if copy_engine:  # the feature set is immutable: shared, not copied
-            engine = copy.deepcopy(engine, {id(engine.feature_set): engine.feature_set})
+        if copy_engine:
+            engine = engine.snapshot()
         return Snapshot(p, engine, meta, dict(state.positions), self.checkpoints.seal(p))
 
     def _write(self, snapshot: Snapshot) -> None:

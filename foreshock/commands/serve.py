@@ -79,6 +79,10 @@ def serve(
                                        help="without --kafka: nodes of the simulated cluster fed to the bus"),
     speed: float = typer.Option(60.0, "--speed", min=0.0,
                                 help="without --kafka: simulated seconds per real second (0: flat out)"),
+    scoring_nice: int = typer.Option(
+        10, "--scoring-nice", min=0, max=19,
+        help="niceness the scoring loop takes once the API process is up (0: none): on a shared core "
+        "the kernel then answers API requests first and scoring catches up between them"),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error"),
 ) -> None:
     """Consume telemetry, score every node each period, publish risk.scores, serve the risk API."""
@@ -139,6 +143,10 @@ def serve(
     front = ApiProcess(service, host=host, port=port, history=config.history, token=token,
                        max_body_bytes=max_body_bytes, mitigator_url=mitigator_url,
                        log_level=log_level.upper()).start()
+    # After the API process is started, so it keeps the default priority: its requests are short
+    # and latency-bound, the loop's polls long and throughput-bound. Threads started from here on
+    # (the loop) inherit the niceness; those already running (the Kafka client's) keep theirs.
+    os.nice(scoring_nice)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
 

@@ -299,6 +299,35 @@ def test_save_and_restore_continue_exactly(tmp_path):
     pd.testing.assert_frame_equal(straight.features_at(t), restored.features_at(t))
 
 
+def test_snapshot_saved_after_the_engine_moved_on_restores_its_moment(tmp_path):
+    """What a background checkpoint does: snapshot, feed the engine on, then save the snapshot.
+    The engine goes on for longer than its shortest rings hold, so it writes over every slot."""
+    fs = REGISTRY_SET
+    frames, arrival = make_stream(18, 60_000)
+    first = min(int(a.min()) for a in arrival.values() if len(a))
+    last = max(int(a.max()) for a in arrival.values() if len(a)) + 1
+    mid = first + 20 * M
+    assert last - mid > 2 * min(OnlineFeatureEngine(fs)._rings) * M
+    straight = OnlineFeatureEngine(fs, tolerance_ms=60_000)
+    live = OnlineFeatureEngine(fs, tolerance_ms=60_000)
+    feed(straight, frames, arrival, first, mid, False)
+    feed(live, frames, arrival, first, mid, False)
+    live.features_at(mid)  # the open buckets' statistics exist, as on a scoring loop
+    snapshot = live.snapshot()
+    feed(live, frames, arrival, mid, last, False)  # rings, carries and pending all move on
+    live.features_at(last)
+    snapshot.save(tmp_path / "state.npz")
+    restored = OnlineFeatureEngine.load(tmp_path / "state.npz", fs)
+    for lo in range(mid, last, 30_000):
+        feed(straight, frames, arrival, lo, lo + 30_000, False)
+        feed(restored, frames, arrival, lo, lo + 30_000, False)
+        t = (lo // M) * M
+        pd.testing.assert_frame_equal(straight.features_at(t), restored.features_at(t))
+    t = (last // M + 1) * M
+    pd.testing.assert_frame_equal(straight.features_at(t), restored.features_at(t))
+    pd.testing.assert_frame_equal(live.features_at(t), restored.features_at(t))
+
+
 def test_restore_refuses_another_feature_set(tmp_path):
     engine = OnlineFeatureEngine(REGISTRY_SET)
     engine.save(tmp_path / "s.npz")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import httpx
 import pandas as pd
@@ -139,11 +140,11 @@ def test_a_failed_loop_shows_on_healthz_and_the_api_process_exits_when_the_feed_
 
 
 @contextlib.contextmanager
-def _serving(model):
+def _serving(model, *flags: str):
     """A ``foreshock serve`` on the in-memory bus, healthy, with its API process."""
     port = free_port()
     serve = subprocess.Popen([sys.executable, "-m", "foreshock", "serve", "--model", str(model), "--port",
-                              str(port), "--simulate-nodes", "4"], stdout=subprocess.PIPE,
+                              str(port), "--simulate-nodes", "4", *flags], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
         assert _until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200)
@@ -152,6 +153,19 @@ def _serving(model):
         yield serve, api
     finally:
         serve.kill()
+
+
+def _thread_nices(pid: int) -> list[int]:
+    """The niceness of each thread of ``pid`` (Linux: a thread's own, field 19 of its stat)."""
+    return [int(Path(f"/proc/{pid}/task/{t.id}/stat").read_text().rpartition(")")[2].split()[16])
+            for t in psutil.Process(pid).threads()]
+
+
+def test_the_scoring_loop_runs_nicer_than_the_api_process(risk_model_dir):
+    with _serving(risk_model_dir, "--scoring-nice", "7") as (serve, api):
+        assert 7 in _thread_nices(serve.pid)  # the loop's thread
+        assert 0 in _thread_nices(serve.pid)  # the Kafka client's and the feed's keep theirs
+        assert set(_thread_nices(api.pid)) == {0}
 
 
 def test_serve_stops_with_an_error_when_its_api_process_dies(risk_model_dir):
