@@ -23,7 +23,7 @@ from foreshock.features import DEFAULT_FEATURE_SET, Feature, FeatureSet, PeerFea
 from foreshock.features.batch import compute_features
 from foreshock.features.default_set import XID_CLASSES
 from foreshock.features.kernels import AGGREGATIONS
-from foreshock.features.online import OnlineFeatureEngine
+from foreshock.features.online import OnlineFeatureEngine, _read_arrays
 from foreshock.features.spec import GPU_COUNTERS
 from foreshock.ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent, partition_of
 
@@ -326,6 +326,25 @@ def test_snapshot_saved_after_the_engine_moved_on_restores_its_moment(tmp_path):
     t = (last // M + 1) * M
     pd.testing.assert_frame_equal(straight.features_at(t), restored.features_at(t))
     pd.testing.assert_frame_equal(live.features_at(t), restored.features_at(t))
+
+
+def test_a_state_saved_as_npz_still_restores(tmp_path):
+    fs = REGISTRY_SET
+    frames, arrival = make_stream(7, 60_000)
+    last = max(int(a.max()) for a in arrival.values() if len(a)) + 1
+    engine = OnlineFeatureEngine(fs, tolerance_ms=60_000)
+    feed(engine, frames, arrival, 0, last, False)
+    engine.save(tmp_path / "state")
+    assert (tmp_path / "state").read_bytes()[:4] != b"PK\x03\x04"
+    with open(tmp_path / "state.npz", "wb") as fh:
+        np.savez(fh, **_read_arrays(tmp_path / "state"))
+    t = (last // M + 1) * M
+    for saved in ("state", "state.npz"):
+        restored = OnlineFeatureEngine.load(tmp_path / saved, fs)
+        pd.testing.assert_frame_equal(engine.features_at(t), restored.features_at(t))
+    (tmp_path / "junk").write_bytes(b"not a state at all")
+    with pytest.raises(ValueError, match="not an online feature state"):
+        OnlineFeatureEngine.load(tmp_path / "junk", fs)
 
 
 def test_restore_refuses_another_feature_set(tmp_path):
