@@ -428,10 +428,10 @@ def _report(args, live: list[_Service], drain: list[_Service], offered: dict, ba
     say(f"  ratio     {ratio:10.2f}   target >= 0.5: {'met' if ratio >= 0.5 else 'NOT met'}")
     for i, ((start, end), n, c) in enumerate(zip(spans, taken, cpu, strict=True)):
         owned = end["metrics"].get(owned_key, float("nan"))
-        api, kernel = (end[k] - start[k] for k in ("cpu_api", "cpu_kernel"))
+        api_cpu, kernel_cpu = (end[k] - start[k] for k in ("cpu_api", "cpu_kernel"))
         say(f"  process {i} {owned:.0f} partitions, {n / sum(taken):.0%} of the samples at "
-            f"{n / (end['t'] - start['t']):,.0f}/s, {c:.1f} CPU-s ({api:.1f} of them its API process's, "
-            f"{kernel:.1f} in the kernel): {n / c:,.0f} samples per CPU-second")
+            f"{n / (end['t'] - start['t']):,.0f}/s, {c:.1f} CPU-s ({api_cpu:.1f} of them its API process's, "
+            f"{kernel_cpu:.1f} in the kernel): {n / c:,.0f} samples per CPU-second")
 
     wall_live = [s.samples[1]["t"] - s.samples[0]["t"] for s in live]
     ingested = [(s.samples[1]["consumed"] - s.samples[0]["consumed"]) / w for s, w in zip(live, wall_live,
