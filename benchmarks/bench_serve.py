@@ -535,6 +535,8 @@ def _stage(frames: list[str]) -> str:
         if any(w.startswith(("uvicorn/", "starlette/", "fastapi/", "asyncio/")) for _, w in parsed):
             return "HTTP API thread"
         return "Kafka client threads" if any(w.startswith("kafka/") for _, w in parsed) else "other threads"
+    if any(name == "close" and where == "predictor/service.py" for name, where in parsed):
+        return "shutdown: last checkpoint (after the measured span)"
     for name, where in reversed(parsed):
         for label, function, file in _STAGES:
             if (not function or name == function) and where.endswith(file):
