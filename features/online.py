@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -375,10 +376,12 @@ class OnlineFeatureEngine:
         )
 
     def _window(
-        self, s: Stat, w: int, end: int, rows: np.ndarray, open_table: BucketTable, floor: np.ndarray
+        self, s: Stat, w: int, end: int, rows: np.ndarray, open_table: BucketTable, floor: np.ndarray,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Buckets [end - w, end) of ``s`` for node codes ``rows`` -> (len(rows), w), oldest first;
-        those before a row's ``floor`` (:mod:`foreshock.features.returns`) read as empty."""
+        """Buckets [end - w, end) of ``s`` for node codes ``rows`` -> (len(rows), w), oldest first,
+        written into ``out`` when given; those before a row's ``floor``
+        (:mod:`foreshock.features.returns`) read as empty."""
         r, i = self._ring_of[s]
         frontier = self._frontier if self._frontier is not None else end
         if end - w < frontier - r:
@@ -386,13 +389,14 @@ class OnlineFeatureEngine:
         idx = np.arange(end - w, end)
         ring = self._rings[r][i]
         ident = len(rows) == len(self._nodes) and bool((rows == np.arange(len(rows))).all())
-        sel = slice(0, len(rows)) if ident else rows
         first, split = (end - w) % r, min(w, r - (end - w) % r)  # slots: one run, or two when wrapping
-        if split == w:
-            win = ring[sel, first : first + w]
-            win = win.copy() if ident else win
-        else:
-            win = np.concatenate([ring[sel, first:], ring[sel, : w - split]], axis=1)
+        win = np.empty((len(rows), w)) if out is None else out
+        for src, lo, hi in ((first, 0, split), (0, split, w)) if split < w else ((first, 0, w),):
+            slots = ring[:, src : src + hi - lo]
+            if ident:
+                win[:, lo:hi] = slots[: len(rows)]
+            else:
+                np.take(slots, rows, axis=0, out=win[:, lo:hi])
         newer = idx >= frontier
         if newer.any():
             win[:, newer] = self._fill[r][i, 0, 0]
@@ -436,10 +440,13 @@ class OnlineFeatureEngine:
         names = np.asarray(self._nodes.names, dtype=object)
         rows = everyone[live][np.argsort(names[live], kind="stable")]  # node order, as the batch engine
         cache: dict[tuple[Stat, int], np.ndarray] = {}
+        scratch = _scratch(len(rows) * sum(w for _, w in fs.plan_windows))
 
         def window(s: Stat, w: int) -> np.ndarray:
             if (s, w) not in cache:
-                cache[(s, w)] = self._window(s, w, end, rows, open_table, floor[rows])
+                used = sum(x.size for x in cache.values())
+                out = scratch[used : used + len(rows) * w].reshape(len(rows), w)
+                cache[(s, w)] = self._window(s, w, end, rows, open_table, floor[rows], out)
             return cache[(s, w)]
 
         t = np.full(len(rows), float(end * b))
@@ -544,6 +551,21 @@ class OnlineFeatureEngine:
                 column.flags.writeable = False
             engine._pending[kind] = [cols] if cols else []
         return engine
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(size: int) -> np.ndarray:
+    """``size`` float64 of this thread's buffer for the windows of one read, kept between reads.
+    At a few hundred nodes a read's windows take tens of MiB (a day of minute buckets for each
+    stat that looks back a day): allocated fresh each read, the kernel's page faults and zeroing
+    cost about as much as filling them. It stays at the largest read's size (about 240 KiB a node
+    read with the default set), the memory such a read takes in any case."""
+    buffer = getattr(_SCRATCH, "buffer", None)
+    if buffer is None or len(buffer) < size:
+        buffer = _SCRATCH.buffer = np.empty(size)
+    return buffer[:size]
 
 
 _MAGIC: Final = b"\x93FORESHOCK-ARRAYS\n"

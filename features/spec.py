@@ -319,6 +319,14 @@ class FeatureSet:
         )
 
     @cached_property
+    def plan_windows(self) -> tuple[tuple[Stat, int], ...]:
+        """Every (statistic, window in buckets) that :attr:`plan`'s reductions read, once each."""
+        return tuple(dict.fromkeys(
+            (s, w) for _, _, w, reductions in self.plan for r in reductions for s in (r.stat, r.aux)
+            if s is not None
+        ))
+
+    @cached_property
     def history_plan(self) -> tuple[tuple[int, Feature], ...]:
         """(column, feature) for every history feature (source ``node``), in order: the engines
         evaluate them together (:func:`foreshock.features.kernels.history_values`)."""
