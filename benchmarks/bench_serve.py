@@ -178,6 +178,7 @@ def main() -> int:
     ap.add_argument("--samples-per-s", type=float, default=50_000.0, help="offered GPU samples/s")
     ap.add_argument("--rps", type=float, default=500.0)
     ap.add_argument("--score-every", type=float, default=10.0, help="seconds of event time")
+    ap.add_argument("--scoring-nice", type=int, default=10, help="the services' --scoring-nice")
     ap.add_argument("--processes", type=int, default=1, help="service processes in the consumer group")
     ap.add_argument("--partitions", type=int, default=8, help="partitions of each topic")
     ap.add_argument("--profile", action="store_true", help="sample the first service with py-spy")
@@ -266,7 +267,8 @@ def _start_services(args: argparse.Namespace, bootstrap: str, model: Path, ckpt:
         proc = subprocess.Popen(
             [sys.executable, "-m", "foreshock", "serve", "--kafka", bootstrap, "--model", str(model),
              "--port", str(port), "--score-every", f"{args.score_every:g}s", "--group", group,
-             "--checkpoint-dir", str(ckpt), "--log-level", "warning"],
+             "--checkpoint-dir", str(ckpt), "--scoring-nice", str(args.scoring_nice),
+             "--log-level", "warning"],
             stdout=subprocess.DEVNULL, stderr=(args.out / f"serve-{tag}-{i}.log").open("wb"))
         services.append(_Service(proc, f"http://127.0.0.1:{port}"))
     return services

@@ -575,9 +575,9 @@ _ZIP: Final = b"PK\x03\x04"
 def _write_arrays(path: str | Path, arrays: Mapping[str, np.ndarray]) -> None:
     """``arrays`` as one file: a magic line, the names as a ``.npy`` array, then each array as a
     ``.npy`` (:mod:`numpy.lib.format`). Written straight from the arrays' memory: a ``.npz`` copies
-    every byte into a zip member and checksums it, which at a partition's hundreds of MiB cost
-    three times the CPU of the write itself. The checkpoint's generation swap is what makes the
-    file whole or absent after a crash."""
+    every byte into a zip member and checksums it, which at a partition's hundreds of MiB costs
+    about two and a half times the CPU of writing the arrays as they lie. The checkpoint's
+    generation swap is what makes the file whole or absent after a crash."""
     with open(path, "wb") as fh:
         fh.write(_MAGIC)
         np.lib.format.write_array(fh, np.array(list(arrays), dtype=str), allow_pickle=False)
