@@ -275,20 +275,14 @@ def test_online_equals_batch_on_random_streams(seed, tolerance, batch_ms, use_re
     assert engine.late_records == 0
 
 
-def test_save_and_restore_continue_exactly(tmp_path):
-    fs = REGISTRY_SET
-    frames, arrival = make_stream(7, 60_000)
-    first = min(int(a.min()) for a in arrival.values() if len(a))
-    last = max(int(a.max()) for a in arrival.values() if len(a)) + 1
-    mid = (first + last) // 2
-    straight = OnlineFeatureEngine(fs, tolerance_ms=60_000)
-    stopped = OnlineFeatureEngine(fs, tolerance_ms=60_000)
-    feed(straight, frames, arrival, first, mid, False)
-    feed(stopped, frames, arrival, first, mid, False)
-    stopped.save(tmp_path / "state.npz")
-    restored = OnlineFeatureEngine.load(tmp_path / "state.npz", fs)
-    assert restored.state_bytes() <= stopped.state_bytes()
-    assert restored.nodes() == stopped.nodes()
+def _span(arrival) -> tuple[int, int]:
+    """The first arrival key of a stream and one past its last."""
+    keys = [a for a in arrival.values() if len(a)]
+    return min(int(a.min()) for a in keys), max(int(a.max()) for a in keys) + 1
+
+
+def _assert_continue_alike(straight, restored, frames, arrival, mid: int, last: int) -> None:
+    """Feed both engines the rest of the stream from ``mid``; they answer alike all along."""
     for lo in range(mid, last, 30_000):
         feed(straight, frames, arrival, lo, lo + 30_000, False)
         feed(restored, frames, arrival, lo, lo + 30_000, False)
@@ -299,13 +293,28 @@ def test_save_and_restore_continue_exactly(tmp_path):
     pd.testing.assert_frame_equal(straight.features_at(t), restored.features_at(t))
 
 
+def test_save_and_restore_continue_exactly(tmp_path):
+    fs = REGISTRY_SET
+    frames, arrival = make_stream(7, 60_000)
+    first, last = _span(arrival)
+    mid = (first + last) // 2
+    straight = OnlineFeatureEngine(fs, tolerance_ms=60_000)
+    stopped = OnlineFeatureEngine(fs, tolerance_ms=60_000)
+    feed(straight, frames, arrival, first, mid, False)
+    feed(stopped, frames, arrival, first, mid, False)
+    stopped.save(tmp_path / "state")
+    restored = OnlineFeatureEngine.load(tmp_path / "state", fs)
+    assert restored.state_bytes() <= stopped.state_bytes()
+    assert restored.nodes() == stopped.nodes()
+    _assert_continue_alike(straight, restored, frames, arrival, mid, last)
+
+
 def test_snapshot_saved_after_the_engine_moved_on_restores_its_moment(tmp_path):
     """What a background checkpoint does: snapshot, feed the engine on, then save the snapshot.
     The engine goes on for longer than its shortest rings hold, so it writes over every slot."""
     fs = REGISTRY_SET
     frames, arrival = make_stream(18, 60_000)
-    first = min(int(a.min()) for a in arrival.values() if len(a))
-    last = max(int(a.max()) for a in arrival.values() if len(a)) + 1
+    first, last = _span(arrival)
     mid = first + 20 * M
     assert last - mid > 2 * min(OnlineFeatureEngine(fs)._rings) * M
     straight = OnlineFeatureEngine(fs, tolerance_ms=60_000)
@@ -316,22 +325,17 @@ def test_snapshot_saved_after_the_engine_moved_on_restores_its_moment(tmp_path):
     snapshot = live.snapshot()
     feed(live, frames, arrival, mid, last, False)  # rings, carries and pending all move on
     live.features_at(last)
-    snapshot.save(tmp_path / "state.npz")
-    restored = OnlineFeatureEngine.load(tmp_path / "state.npz", fs)
-    for lo in range(mid, last, 30_000):
-        feed(straight, frames, arrival, lo, lo + 30_000, False)
-        feed(restored, frames, arrival, lo, lo + 30_000, False)
-        t = (lo // M) * M
-        pd.testing.assert_frame_equal(straight.features_at(t), restored.features_at(t))
+    snapshot.save(tmp_path / "state")
+    restored = OnlineFeatureEngine.load(tmp_path / "state", fs)
+    _assert_continue_alike(straight, restored, frames, arrival, mid, last)
     t = (last // M + 1) * M
-    pd.testing.assert_frame_equal(straight.features_at(t), restored.features_at(t))
     pd.testing.assert_frame_equal(live.features_at(t), restored.features_at(t))
 
 
 def test_a_state_saved_as_npz_still_restores(tmp_path):
     fs = REGISTRY_SET
     frames, arrival = make_stream(7, 60_000)
-    last = max(int(a.max()) for a in arrival.values() if len(a)) + 1
+    _, last = _span(arrival)
     engine = OnlineFeatureEngine(fs, tolerance_ms=60_000)
     feed(engine, frames, arrival, 0, last, False)
     engine.save(tmp_path / "state")
