@@ -5,9 +5,9 @@ statistics, carrying the last counter value of every GPU and port (:class:`Carry
 more records later gives, bit for bit, the statistics one fold of all of them would give, as
 long as every later record is newer than everything already folded of its node and kind
 (:meth:`PartialBuckets.follows`). The batch engine folds all records at once
-(:func:`bucketize`); the online engine folds each run of buckets it finalises, and keeps the
-still-open buckets' statistics current by folding records in as they arrive. Rules, identical
-in both engines:
+(:func:`bucketize`); the online engine keeps the still-open buckets' statistics current by
+folding records in as they arrive, and when buckets close, keeps their statistics and only moves
+the counter carry past their records (:func:`carry_past`). Rules, identical in both engines:
 
 - duplicates (same node, gpu, ts for GPU samples; node, ts, gpu, xid for Xids; node, port,
   ts for links) keep the last one received;
@@ -23,7 +23,7 @@ in both engines:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -37,6 +37,7 @@ __all__ = [
     "Carry",
     "PartialBuckets",
     "bucketize",
+    "carry_past",
     "counter_increases",
     "gpu_columns",
     "gpu_counters",
@@ -117,7 +118,12 @@ class _Runs:
     @classmethod
     def of(cls, node: np.ndarray, member: np.ndarray) -> _Runs:
         order = np.argsort(node * np.int64(1 << 20) + member, kind="stable")
-        gn, gm = node[order], member[order]
+        return cls.grouped(order, node[order], member[order])
+
+    @classmethod
+    def grouped(cls, order: np.ndarray, gn: np.ndarray, gm: np.ndarray) -> _Runs:
+        """Runs of rows ``order`` that already groups by (node, member): ``gn``, ``gm`` are
+        the rows' nodes and members in that order."""
         start = np.r_[True, (gn[1:] != gn[:-1]) | (gm[1:] != gm[:-1])]
         group_start = np.maximum.accumulate(np.where(start, np.arange(len(order)), 0))
         return cls(order, gn, gm, start, group_start, np.flatnonzero(np.r_[start[1:], True]))
@@ -146,14 +152,7 @@ def _increases(vals: np.ndarray, runs: _Runs, carry: np.ndarray) -> np.ndarray:
     c, n = vals.shape
     if not n or not c:
         return np.zeros((c, n))
-    order, gn, gm, start, group_start, end = (
-        runs.order,
-        runs.node,
-        runs.member,
-        runs.start,
-        runs.group_start,
-        runs.end,
-    )
+    order, gn, gm, start, group_start = runs.order, runs.node, runs.member, runs.start, runs.group_start
     present = ~np.isnan(vals).all(axis=1)
     if not present.all():  # counters no row reports (the GPU lacks them): no increase, carry kept
         out = np.zeros((c, n))
@@ -163,28 +162,69 @@ def _increases(vals: np.ndarray, runs: _Runs, carry: np.ndarray) -> np.ndarray:
             carry[:, :, present] = sub
         return out
     v = vals[:, order]
-    rows = np.arange(n)
     valid = ~np.isnan(v)
     if valid.all():  # fast path: the previous present value is the previous row
         prev = np.empty_like(v)
         prev[:, 1:] = v[:, :-1]
         prev[:, start] = carry[gn[start], gm[start]].T
-        carry[gn[end], gm[end]] = v[:, end].T
+        _keep_last(vals, runs, carry)
     else:
-        last_valid = np.maximum.accumulate(np.where(valid, rows, -1), axis=1)
+        last_valid = np.maximum.accumulate(np.where(valid, np.arange(n), -1), axis=1)
         prev_idx = np.empty_like(last_valid)
         prev_idx[:, 0] = -1
         prev_idx[:, 1:] = last_valid[:, :-1]
         inside = prev_idx >= group_start
         prev = np.where(inside, np.take_along_axis(v, np.maximum(prev_idx, 0), axis=1), carry[gn, gm].T)
-        lv = last_valid[:, end]
-        last = np.take_along_axis(v, np.maximum(lv, 0), axis=1)
-        carry[gn[end], gm[end]] = np.where(lv >= group_start[end], last, carry[gn[end], gm[end]].T).T
+        _keep_last(vals, runs, carry, last_valid)
     with np.errstate(invalid="ignore"):
         d = np.where(valid & ~np.isnan(prev), np.where(v >= prev, v - prev, v), 0.0)
     out = np.empty_like(d)
     out[:, order] = d
     return out
+
+
+def _keep_last(
+    vals: np.ndarray, runs: _Runs, carry: np.ndarray, last_valid: np.ndarray | None = None
+) -> None:
+    """Leave in ``carry`` each (node, member)'s last present value of counters ``vals`` (counters,
+    rows; ``runs.order`` puts the rows in run order); one with none keeps its carry.
+    ``last_valid``: per row in run order, the run-order index of the last present value at or
+    before it (-1 for none), when the caller has it."""
+    gn, gm, end = runs.node[runs.end], runs.member[runs.end], runs.end
+    if last_valid is None:
+        if not np.isnan(vals).any():
+            carry[gn, gm] = vals[:, runs.order[end]].T
+            return
+        valid = ~np.isnan(vals[:, runs.order])
+        last_valid = np.maximum.accumulate(np.where(valid, np.arange(len(runs.order)), -1), axis=1)
+    lv = last_valid[:, end]
+    last = np.take_along_axis(vals, runs.order[np.maximum(lv, 0)], axis=1)
+    carry[gn, gm] = np.where(lv >= runs.group_start[end], last, carry[gn, gm].T).T
+
+
+def carry_past(
+    fs: FeatureSet, gpu: Sequence[Columns], link: Sequence[Columns], carry: Carry
+) -> None:
+    """Move ``carry`` past records, as folding them would, without their statistics.
+
+    For records whose statistics are already known: the online engine's open buckets hold those
+    of the records it finalises, and only the counters' last values are left to carry on. Records
+    come as chunks of columns, of which only the ones read here are joined. Rows are deduplicated
+    as a fold does them (the last one received of a sample wins), then each GPU's (port's) last
+    present value of each counter, in ts order, becomes its carry.
+    """
+    sources = (("gpu", gpu, "gpu", gpu_counters(fs)), ("link", link, "port", link_columns(fs)))
+    for kind, chunks, member, names in sources:
+        if not chunks or not names:
+            continue
+        cols = {k: np.concatenate([c[k] for c in chunks]) for k in ("node", "ts", member, *names)}
+        node, m = cols["node"], cols[member]
+        keep = _dedup_last([node, m, cols["ts"]])  # grouped by (node, member), in ts order
+        runs = _Runs.grouped(keep, node[keep], m[keep])
+        held = _grow(getattr(carry, kind), int(node.max()) + 1, int(m.max()) + 1, len(names))
+        for i, name in enumerate(names):
+            _keep_last(cols[name][None, :], runs, held[:, :, i : i + 1])
+        setattr(carry, kind, held)
 
 
 def _segments(node: np.ndarray, bucket: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

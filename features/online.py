@@ -2,10 +2,13 @@
 
 Records wait in a small reorder buffer until the *frontier* passes them: the frontier is the
 bucket boundary at or below ``watermark - tolerance_ms`` (watermark = newest ts seen, over all
-nodes). Buckets behind the frontier are final: their records are bucketized (the same
-:func:`~foreshock.features.buckets.bucketize` the batch engine runs) into per-node ring buffers that hold
-the last ``max window + history`` buckets of each statistic, so memory per node is bounded. A
-record older than the frontier is *late*: it is counted (:attr:`late_records`) and dropped.
+nodes). Buckets behind the frontier are final: their statistics go into per-node ring buffers
+that hold the last ``max window + history`` buckets of each statistic, so memory per node is
+bounded. They are those of the open buckets below (kept current record by record), whose counter
+carry moves on past the records (:func:`~foreshock.features.buckets.carry_past`); when there are
+none, the records are bucketized at once (the same :func:`~foreshock.features.buckets.bucketize`
+the batch engine runs). A record older than the frontier is *late*: it is counted
+(:attr:`late_records`) and dropped.
 
 ``features_at(t)`` does not change state: it reads the rings, plus the statistics of the
 still-open buckets, which are kept on the side (:class:`~foreshock.features.buckets.PartialBuckets`) and
@@ -35,7 +38,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from foreshock.features.buckets import BucketTable, Carry, PartialBuckets, bucketize
+from foreshock.features.buckets import BucketTable, Carry, PartialBuckets, bucketize, carry_past
 from foreshock.features.default_set import DEFAULT_FEATURE_SET
 from foreshock.features.frames import EVENTS, KINDS, Codes, records_to_frames, to_columns
 from foreshock.features.history import EventLog, history_events
@@ -247,10 +250,10 @@ class OnlineFeatureEngine:
                 new[:, : ring.shape[1]] = ring
                 self._rings[r] = new
 
-    def _take_pending(self, before: int) -> dict[str, dict[str, np.ndarray] | None]:
-        """Remove and return the pending columns of buckets before ``before``, per kind. Chunk by
-        chunk, so the rows that stay are copied only where a chunk straddles the cut."""
-        out: dict[str, dict[str, np.ndarray] | None] = {}
+    def _take_pending(self, before: int) -> dict[str, list[dict[str, np.ndarray]]]:
+        """Remove and return the pending column chunks of buckets before ``before``, per kind.
+        Chunk by chunk, so the rows that stay are copied only where a chunk straddles the cut."""
+        out: dict[str, list[dict[str, np.ndarray]]] = {}
         for kind in KINDS:
             picked, rest = [], []
             for c in self._pending[kind]:
@@ -262,7 +265,7 @@ class OnlineFeatureEngine:
                     rest.append({k: v[~due] for k, v in c.items()})
                 else:
                     rest.append(c)
-            out[kind] = _joined(picked)
+            out[kind] = picked
             self._pending[kind] = rest
         return out
 
@@ -319,10 +322,15 @@ class OnlineFeatureEngine:
             self._frontier = min(min(firsts) // self.feature_set.bucket_ms, target)
         if target <= self._frontier:
             return
-        if self._open is not None:
-            self._open.drop_before(target)
         due = self._take_pending(target)
-        tables = list(self._finalised(due, target))
+        if self._open is not None:  # their statistics are known: only the counters' carry moves on
+            table = self._open.table
+            closed = table.bucket < target
+            tables = [BucketTable(table.node[closed], table.bucket[closed], table.values[closed])]
+            self._open.drop_before(target)
+            carry_past(self.feature_set, due["gpu"], due["link"], self._carry)
+        else:
+            tables = list(self._finalised({kind: _joined(chunks) for kind, chunks in due.items()}, target))
         for r, ring in self._rings.items():
             if target - self._frontier >= r:
                 ring[:] = self._fill[r]

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from foreshock.features.batch import compute_features
-from foreshock.features.buckets import Carry, PartialBuckets, bucketize, gpu_columns
+from foreshock.features.buckets import Carry, PartialBuckets, bucketize, carry_past, gpu_columns
 from foreshock.features.frames import KINDS, Codes, to_columns
 from foreshock.features.online import OnlineFeatureEngine
 from tests.unit.test_features_parity import SETS, T0, M, assert_same, feed, make_stream
@@ -61,6 +61,44 @@ def test_folding_in_pieces_equals_one_fold(seed, which, pieces):
     np.testing.assert_array_equal(table.values, once.values)  # bit for bit, NaN where NaN
     np.testing.assert_array_equal(partial.carry.gpu, once_carry.gpu)
     np.testing.assert_array_equal(partial.carry.link, once_carry.link)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), which=st.sampled_from(sorted(SETS)), chunks=st.integers(1, 6))
+def test_carrying_past_records_leaves_the_carry_a_fold_leaves(seed, which, chunks):
+    """The online engine moves the carry past the records of buckets it closes without folding
+    them again (their statistics are in the open buckets): in any order and any chunks, with
+    duplicates whose counters differ or are missing, the carry is the one a fold leaves."""
+    fs = SETS[which]
+    rng = np.random.default_rng(seed)
+    frames, _ = make_stream(seed, 0)
+    cols = _columns(frames, fs)
+    for kind in ("gpu", "link"):
+        if kind not in cols:
+            continue
+        c = cols[kind]
+        dup = rng.choice(len(c["ts"]), size=len(c["ts"]) // 5)
+        extra = {k: v[dup].copy() for k, v in c.items()}
+        for v in extra.values():
+            if v.dtype.kind == "f":
+                v[rng.random(len(v)) < 0.5] = np.nan
+                v += rng.integers(0, 2, len(v))
+        shuffled = rng.permutation(len(c["ts"]) + len(dup))
+        cols[kind] = {k: np.r_[c[k], extra[k]][shuffled] for k in c}
+    folded = Carry()
+    bucketize(fs, cols.get("gpu"), cols.get("xid"), cols.get("link"), folded)
+    moved = Carry()
+
+    def pieces(c: dict[str, np.ndarray] | None) -> list[dict[str, np.ndarray]]:
+        if c is None:
+            return []
+        cuts = np.sort(rng.integers(0, len(c["ts"]) + 1, chunks - 1))
+        spans = zip(np.r_[0, cuts], np.r_[cuts, len(c["ts"])], strict=True)
+        return [{k: v[lo:hi] for k, v in c.items()} for lo, hi in spans]
+
+    carry_past(fs, pieces(cols.get("gpu")), pieces(cols.get("link")), moved)
+    np.testing.assert_array_equal(moved.gpu, folded.gpu)
+    np.testing.assert_array_equal(moved.link, folded.link)
 
 
 def test_follows_refuses_records_a_fold_would_get_wrong():
