@@ -75,7 +75,7 @@ def label_rows(
     lifecycle = lifecycle.assign(_down=lifecycle["event"].isin(UNAVAILABLE_EVENTS))
     # Several events at one instant: the last one in table order wins, so sort stably.
     state = _asof(rows, lifecycle[["node", "ts", "_down"]], "backward", True)["_down"]
-    down = state.fillna(False).to_numpy(dtype=bool)
+    down = state.eq(True).to_numpy(dtype=bool)  # NaN (no event before the row): in service
     back = lifecycle.loc[~lifecycle["_down"], ["node", "ts"]]
     returned_ts = _asof(rows, back.assign(returned_ts=back["ts"]), "backward", True)["returned_ts"]
 
