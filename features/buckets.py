@@ -122,8 +122,8 @@ class _Runs:
 
     @classmethod
     def grouped(cls, order: np.ndarray, gn: np.ndarray, gm: np.ndarray) -> _Runs:
-        """Runs of rows ``order`` that already groups by (node, member): ``gn``, ``gm`` are
-        the rows' nodes and members in that order."""
+        """Runs of the rows ``order``, an order that already groups them by (node, member);
+        ``gn``, ``gm``: the rows' nodes and members in that order."""
         start = np.r_[True, (gn[1:] != gn[:-1]) | (gm[1:] != gm[:-1])]
         group_start = np.maximum.accumulate(np.where(start, np.arange(len(order)), 0))
         return cls(order, gn, gm, start, group_start, np.flatnonzero(np.r_[start[1:], True]))

@@ -4,11 +4,11 @@ Records wait in a small reorder buffer until the *frontier* passes them: the fro
 bucket boundary at or below ``watermark - tolerance_ms`` (watermark = newest ts seen, over all
 nodes). Buckets behind the frontier are final: their statistics go into per-node ring buffers
 that hold the last ``max window + history`` buckets of each statistic, so memory per node is
-bounded. They are those of the open buckets below (kept current record by record), whose counter
-carry moves on past the records (:func:`~foreshock.features.buckets.carry_past`); when there are
-none, the records are bucketized at once (the same :func:`~foreshock.features.buckets.bucketize`
-the batch engine runs). A record older than the frontier is *late*: it is counted
-(:attr:`late_records`) and dropped.
+bounded. Those statistics are the open buckets' (see below), kept current record by record, and
+only the counter carry moves on past the records (:func:`~foreshock.features.buckets.carry_past`);
+an engine that keeps no open buckets bucketizes the records at once (the same
+:func:`~foreshock.features.buckets.bucketize` the batch engine runs). A record older than the
+frontier is *late*: it is counted (:attr:`late_records`) and dropped.
 
 ``features_at(t)`` does not change state: it reads the rings, plus the statistics of the
 still-open buckets, which are kept on the side (:class:`~foreshock.features.buckets.PartialBuckets`) and
