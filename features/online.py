@@ -52,7 +52,7 @@ from foreshock.features.kernels import (
 from foreshock.features.returns import return_times, window_floors
 from foreshock.features.spec import FeatureSet, Stat
 
-__all__ = ["OnlineFeatureEngine"]
+__all__ = ["OnlineFeatureEngine", "SnapshotSpace"]
 
 _FORMAT: Final = "foreshock-online-features/2"
 _KEY_BUCKETS: Final = 1 << 32
@@ -478,17 +478,25 @@ class OnlineFeatureEngine:
         return table
 
     # -- persistence -------------------------------------------------------------------------
-    def snapshot(self) -> OnlineFeatureEngine:
+    def snapshot(self, space: SnapshotSpace | None = None) -> OnlineFeatureEngine:
         """A copy to :meth:`save` on another thread while this engine goes on, for the price of
         the state updated in place: the rings, the counter carries and the node and port codes.
         The pending records, returns and history are only ever replaced (pending columns are
         read-only), so the copy shares them; the open buckets' statistics, which :meth:`save`
-        leaves out, are not copied."""
+        leaves out, are not copied.
+
+        ``space``: memory the copy's rings are laid in, kept from one snapshot to the next (see
+        :class:`SnapshotSpace`); the copy is then valid until the next snapshot into it."""
         out = copy.copy(self)
         n = len(self._nodes)
         out._nodes, out._ports = copy.deepcopy(self._nodes), copy.deepcopy(self._ports)
         out._carry = Carry(self._carry.gpu.copy(), self._carry.link.copy())
-        out._rings = {r: ring[:, :n].copy() for r, ring in self._rings.items()}
+        sizes = {r: ring.shape[0] * n * r for r, ring in self._rings.items()}
+        floats = (space or SnapshotSpace()).take(sum(sizes.values()))
+        out._rings = {}
+        for r, ring in self._rings.items():
+            out._rings[r], floats = floats[: sizes[r]].reshape(ring.shape[0], n, r), floats[sizes[r] :]
+            np.copyto(out._rings[r], ring[:, :n])
         out._pending = {kind: list(chunks) for kind, chunks in self._pending.items()}
         out._open = None
         return out
@@ -559,6 +567,27 @@ class OnlineFeatureEngine:
                 column.flags.writeable = False
             engine._pending[kind] = [cols] if cols else []
         return engine
+
+
+class SnapshotSpace:
+    """Memory for the rings of :meth:`OnlineFeatureEngine.snapshot`, kept from one snapshot to the
+    next.
+
+    Why: a partition's rings are tens of MiB, and a copy into fresh memory pays a page fault for
+    every page it writes, which can cost many times the copy itself (on virtual machines most).
+    The risk service takes a snapshot of one partition at a time and writes it before it takes
+    the next, so one space serves every partition. A snapshot laid in it is valid until the next
+    snapshot into it.
+    """
+
+    def __init__(self) -> None:
+        self._floats = np.empty(0)
+
+    def take(self, size: int) -> np.ndarray:
+        """``size`` float64 of the space, grown (and so reallocated) when it holds fewer."""
+        if len(self._floats) < size:
+            self._floats = np.empty(size)
+        return self._floats[:size]
 
 
 _SCRATCH = threading.local()

@@ -33,3 +33,8 @@ class OnlineEngines:
         from foreshock.features.online import OnlineFeatureEngine
 
         return OnlineFeatureEngine.load(path, self.feature_set)
+
+    def snapshot_space(self):
+        from foreshock.features.online import SnapshotSpace
+
+        return SnapshotSpace()

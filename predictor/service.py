@@ -78,6 +78,10 @@ class EngineFactory(Protocol):
 
     def load(self, path: Path) -> OnlineEngine: ...
 
+    def snapshot_space(self) -> Any:
+        """Memory an engine's :meth:`~OnlineEngine.snapshot` lays its copy in, reused from one
+        snapshot to the next (the service writes each before it takes the next)."""
+
 
 @dataclass(frozen=True)
 class ServiceConfig:
@@ -133,6 +137,7 @@ class RiskService:
         self._dirty: set[int] = set()
         self._saved_at: dict[int, float] = {}  # wall time of each partition's last checkpoint
         self._writer = BackgroundWriter(self._write)
+        self._snapshot_space = engines.snapshot_space()
         self._stream: RecordStream | None = None
         self._assigned: set[tuple[str, int]] | None = None
         self._caught_up = False
@@ -337,8 +342,8 @@ class RiskService:
         meta = state.meta()
         meta["board"] = self.board.export(state.engine.nodes())
         engine = state.engine
-        if copy_engine:
-            engine = engine.snapshot()
+        if copy_engine:  # only when the writer is idle: the last snapshot in the space is written
+            engine = engine.snapshot(self._snapshot_space)
         return Snapshot(p, engine, meta, dict(state.positions), self.checkpoints.seal(p))
 
     def _write(self, snapshot: Snapshot) -> None:

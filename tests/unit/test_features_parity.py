@@ -23,7 +23,7 @@ from foreshock.features import DEFAULT_FEATURE_SET, Feature, FeatureSet, PeerFea
 from foreshock.features.batch import compute_features
 from foreshock.features.default_set import XID_CLASSES
 from foreshock.features.kernels import AGGREGATIONS
-from foreshock.features.online import OnlineFeatureEngine, _read_arrays
+from foreshock.features.online import OnlineFeatureEngine, SnapshotSpace, _read_arrays
 from foreshock.features.spec import GPU_COUNTERS
 from foreshock.ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent, partition_of
 
@@ -330,6 +330,26 @@ def test_snapshot_saved_after_the_engine_moved_on_restores_its_moment(tmp_path):
     _assert_continue_alike(straight, restored, frames, arrival, mid, last)
     t = (last // M + 1) * M
     pd.testing.assert_frame_equal(live.features_at(t), restored.features_at(t))
+
+
+def test_snapshots_laid_in_one_space_save_what_the_engine_saves(tmp_path):
+    """The risk service lays each partition's snapshot in one space, reused once the previous
+    snapshot is written: the saved state is byte for byte the engine's own, the rings lie in the
+    space, and a later snapshot of another engine, larger or smaller, takes it over."""
+    fs = REGISTRY_SET
+    space = SnapshotSpace()
+    for seed in (11, 18, 5):  # 1, 4 and 3 nodes: the space grows once, then serves a smaller one
+        frames, arrival = make_stream(seed, 60_000)
+        first, last = _span(arrival)
+        engine = OnlineFeatureEngine(fs, tolerance_ms=60_000)
+        feed(engine, frames, arrival, first, (first + last) // 2, False)
+        engine.features_at((first + last) // 2)
+        laid = engine.snapshot(space)
+        used = space.take(sum(ring.size for ring in laid._rings.values()))
+        assert all(np.shares_memory(ring, used) for ring in laid._rings.values())
+        laid.save(tmp_path / "laid")
+        engine.save(tmp_path / "live")
+        assert (tmp_path / "laid").read_bytes() == (tmp_path / "live").read_bytes()
 
 
 def test_a_state_saved_as_npz_still_restores(tmp_path):

@@ -107,7 +107,13 @@ def test_the_partitions_take_turns_at_checkpointing(sim, risk_model_dir, tmp_pat
     store = CheckpointStore(tmp_path / "ckpt", ENGINES.load)
     saved: list[tuple[float, int]] = []
     save = store.save
-    store.save = lambda p, *args: (saved.append((now[0], p)), save(p, *args))[1]
+
+    def saving(p, engine, *args):  # on the writer's thread, from the snapshot laid in the service's space
+        saved.append((now[0], p))
+        engine.save(tmp_path / "written")
+        return save(p, engine, *args)
+
+    store.save = saving
     cfg = ServiceConfig(group="g", score_every_ms=PERIOD, checkpoint_every_ms=30_000)
     svc = RiskService(bus, ENGINES, PathModelSource(risk_model_dir), config=cfg, checkpoints=store,
                       wall=lambda: now[0]).start()
@@ -117,6 +123,9 @@ def test_the_partitions_take_turns_at_checkpointing(sim, risk_model_dir, tmp_pat
         now[0] += 2.5
         svc.run_once()
         svc._writer.wait()  # the write of a due snapshot ends before the clock moves on
+        if saved and saved[-1][0] == now[0]:  # the state written is the partition's as it stands
+            svc._states[saved[-1][1]].engine.save(tmp_path / "live")
+            assert (tmp_path / "written").read_bytes() == (tmp_path / "live").read_bytes()
     assert [t for t, _ in saved] == [10.0, 20.0, 30.0]
     assert sorted(p for _, p in saved) == [0, 1, 2]
     assert all(store.load(p) is not None for p in range(3))
