@@ -256,8 +256,10 @@ def test_online_equals_batch_on_random_streams(seed, tolerance, batch_ms, use_re
     starts = range(first, last, batch_ms)
     for lo in starts:
         feed(engine, frames, arrival, lo, lo + batch_ms, use_records)
-        ready = ticks[ticks <= engine.watermark_ms - tolerance]
-        if len(ready) and rng.random() < 8 / len(starts):  # a tick whose records have all arrived
+        settled = engine.watermark_ms - tolerance  # every record up to here has arrived
+        # a tick whose records have all arrived, and that the engine still holds (history_ms)
+        ready = ticks[(ticks <= settled) & (ticks >= settled - engine.history_ms + fs.bucket_ms)]
+        if len(ready) and rng.random() < 8 / len(starts):
             t = int(rng.choice(ready[-8:]))
             assert_same(
                 engine.features_at(t, peer_groups=jobs),
