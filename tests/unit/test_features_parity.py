@@ -340,7 +340,7 @@ def test_snapshots_laid_in_one_space_save_what_the_engine_saves(tmp_path):
     space, and a later snapshot of another engine, larger or smaller, takes it over."""
     fs = REGISTRY_SET
     space = SnapshotSpace()
-    for seed in (11, 18, 5):  # 1, 4 and 3 nodes: the space grows once, then serves a smaller one
+    for seed in (11, 18, 5):  # 1, 4 and 3 nodes: the space grows, then serves a smaller engine
         frames, arrival = make_stream(seed, 60_000)
         first, last = _span(arrival)
         engine = OnlineFeatureEngine(fs, tolerance_ms=60_000)

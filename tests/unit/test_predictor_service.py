@@ -100,7 +100,8 @@ def test_a_restart_from_the_checkpoint_publishes_the_same_scores(sim, risk_model
 
 def test_the_partitions_take_turns_at_checkpointing(sim, risk_model_dir, tmp_path):
     """A due cycle saves one changed partition, the one saved longest ago: with 3 partitions and a
-    30 s period one save falls due every 10 s, and each changed partition is saved once."""
+    30 s period one save falls due every 10 s, and each changed partition is saved once, as it
+    stood when the snapshot was taken."""
     bus = InMemoryBus(partitions=3)
     stream(sim, bus)
     now = [0.0]
