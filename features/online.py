@@ -52,7 +52,7 @@ from foreshock.features.kernels import (
 from foreshock.features.returns import return_times, window_floors
 from foreshock.features.spec import FeatureSet, Stat
 
-__all__ = ["OnlineFeatureEngine", "SnapshotSpace"]
+__all__ = ["FloatSpace", "OnlineFeatureEngine"]
 
 _FORMAT: Final = "foreshock-online-features/2"
 _KEY_BUCKETS: Final = 1 << 32
@@ -478,7 +478,7 @@ class OnlineFeatureEngine:
         return table
 
     # -- persistence -------------------------------------------------------------------------
-    def snapshot(self, space: SnapshotSpace | None = None) -> OnlineFeatureEngine:
+    def snapshot(self, space: FloatSpace | None = None) -> OnlineFeatureEngine:
         """A copy to :meth:`save` on another thread while this engine goes on, for the price of
         the state updated in place: the rings, the counter carries and the node and port codes.
         The pending records, returns and history are only ever replaced (pending columns are
@@ -486,13 +486,13 @@ class OnlineFeatureEngine:
         leaves out, are not copied.
 
         ``space``: memory the copy's rings are laid in, kept from one snapshot to the next (see
-        :class:`SnapshotSpace`); the copy is then valid until the next snapshot into it."""
+        :class:`FloatSpace`); the copy is then valid until the next snapshot into it."""
         out = copy.copy(self)
         n = len(self._nodes)
         out._nodes, out._ports = copy.deepcopy(self._nodes), copy.deepcopy(self._ports)
         out._carry = Carry(self._carry.gpu.copy(), self._carry.link.copy())
         sizes = {r: ring.shape[0] * n * r for r, ring in self._rings.items()}
-        floats = (space or SnapshotSpace()).take(sum(sizes.values()))
+        floats = (space or FloatSpace()).take(sum(sizes.values()))
         out._rings = {}
         for r, ring in self._rings.items():
             out._rings[r], floats = floats[: sizes[r]].reshape(ring.shape[0], n, r), floats[sizes[r] :]
@@ -569,15 +569,16 @@ class OnlineFeatureEngine:
         return engine
 
 
-class SnapshotSpace:
-    """Memory for the rings of :meth:`OnlineFeatureEngine.snapshot`, kept from one snapshot to the
-    next.
+class FloatSpace:
+    """float64 memory kept from one use to the next: the windows of a read (:meth:`features_at`,
+    one space per thread) and the rings of a :meth:`OnlineFeatureEngine.snapshot`.
 
-    Why: a partition's rings are tens of MiB, and a copy into fresh memory pays a page fault for
-    every page it writes, which can cost many times the copy itself (on virtual machines most).
-    The risk service takes a snapshot of one partition at a time and writes it before it takes
-    the next, so one space serves every partition. A snapshot laid in it is valid until the next
-    snapshot into it.
+    Why: both are tens of MiB at a few hundred nodes (a day of minute buckets for each stat that
+    looks back a day), and memory allocated fresh each time pays a page fault for every page
+    written, which can cost many times the copy itself (on virtual machines most). A space stays
+    at the largest size asked of it, the memory such a use takes in any case. What is laid in it
+    is valid until the next use: the risk service takes a snapshot of one partition at a time and
+    writes it before it takes the next, so one space serves every partition.
     """
 
     def __init__(self) -> None:
@@ -590,19 +591,14 @@ class SnapshotSpace:
         return self._floats[:size]
 
 
-_SCRATCH = threading.local()
+_THREAD = threading.local()
 
 
 def _scratch(size: int) -> np.ndarray:
-    """``size`` float64 of this thread's buffer for the windows of one read, kept between reads.
-    At a few hundred nodes a read's windows take tens of MiB (a day of minute buckets for each
-    stat that looks back a day): allocated fresh each read, the kernel's page faults and zeroing
-    cost about as much as filling them. It stays at the largest read's size (about 240 KiB a node
-    read with the default set), the memory such a read takes in any case."""
-    buffer = getattr(_SCRATCH, "buffer", None)
-    if buffer is None or len(buffer) < size:
-        buffer = _SCRATCH.buffer = np.empty(size)
-    return buffer[:size]
+    """``size`` float64 of this thread's :class:`FloatSpace` for the windows of one read."""
+    if not hasattr(_THREAD, "space"):
+        _THREAD.space = FloatSpace()
+    return _THREAD.space.take(size)
 
 
 _MAGIC: Final = b"\x93FORESHOCK-ARRAYS\n"

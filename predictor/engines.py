@@ -35,6 +35,6 @@ class OnlineEngines:
         return OnlineFeatureEngine.load(path, self.feature_set)
 
     def snapshot_space(self):
-        from foreshock.features.online import SnapshotSpace
+        from foreshock.features.online import FloatSpace
 
-        return SnapshotSpace()
+        return FloatSpace()

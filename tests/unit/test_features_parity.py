@@ -23,7 +23,7 @@ from foreshock.features import DEFAULT_FEATURE_SET, Feature, FeatureSet, PeerFea
 from foreshock.features.batch import compute_features
 from foreshock.features.default_set import XID_CLASSES
 from foreshock.features.kernels import AGGREGATIONS
-from foreshock.features.online import OnlineFeatureEngine, SnapshotSpace, _read_arrays
+from foreshock.features.online import FloatSpace, OnlineFeatureEngine, _read_arrays
 from foreshock.features.spec import GPU_COUNTERS
 from foreshock.ingest.contract import GpuSample, LinkSample, NodeEvent, XidEvent, partition_of
 
@@ -339,7 +339,7 @@ def test_snapshots_laid_in_one_space_save_what_the_engine_saves(tmp_path):
     snapshot is written: the saved state is byte for byte the engine's own, the rings lie in the
     space, and a later snapshot of another engine, larger or smaller, takes it over."""
     fs = REGISTRY_SET
-    space = SnapshotSpace()
+    space = FloatSpace()
     for seed in (11, 18, 5):  # 1, 4 and 3 nodes: the space grows, then serves a smaller engine
         frames, arrival = make_stream(seed, 60_000)
         first, last = _span(arrival)
