@@ -246,8 +246,9 @@ class OnlineFeatureEngine:
         for r, ring in self._rings.items():
             if ring.shape[1] < n:
                 cap = max(n, 2 * ring.shape[1], 16)
-                new = np.broadcast_to(self._fill[r], (ring.shape[0], cap, r)).copy()
+                new = np.empty((ring.shape[0], cap, r), ring.dtype)  # each page written once
                 new[:, : ring.shape[1]] = ring
+                new[:, ring.shape[1]:] = self._fill[r]
                 self._rings[r] = new
 
     def _take_pending(self, before: int) -> dict[str, list[dict[str, np.ndarray]]]:

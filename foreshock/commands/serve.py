@@ -37,6 +37,26 @@ def read_token(token_file: Path | None) -> str | None:
     return text.splitlines()[0].strip()
 
 
+def no_huge_page_advice() -> None:
+    """Stop numpy advising huge pages (``madvise(MADV_HUGEPAGE)``) for the arrays it allocates from
+    here on, unless the operator set numpy's own ``NUMPY_MADVISE_HUGEPAGE``.
+
+    Where the kernel compacts memory on demand for advised regions (``defrag`` = ``madvise``, a
+    common default), a first touch of such an array waits for compaction, and the engines' rings
+    are such arrays: they are allocated as nodes appear and when a checkpoint is restored, on the
+    scoring loop, and the wait is several times the cost of the ordinary page faults it replaces.
+    With ``enabled`` = ``always`` the kernel still gathers the pages into huge ones in the
+    background (khugepaged), off the loop.
+    """
+    if "NUMPY_MADVISE_HUGEPAGE" in os.environ:
+        return
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # numpy 1.26
+        from numpy.core.multiarray import _set_madvise_hugepage
+    _set_madvise_hugepage(False)
+
+
 def serve(
     model: str = typer.Option(..., "--model",
                               help="models:/foreshock-risk@champion, models:/name/N or a model folder"),
@@ -116,6 +136,7 @@ def serve(
     else:
         bus = InMemoryBus()
         _feed_simulation(bus, simulate_nodes, speed)
+    no_huge_page_advice()
     engines = OnlineEngines(DEFAULT_FEATURE_SET, tolerance_ms=tolerance.ms)
     try:
         config = ServiceConfig(group=group, score_every_ms=score_every.ms, lateness_ms=lateness.ms,
