@@ -1,12 +1,13 @@
 """The risk service under load: ingestion cost, API latency and end-to-end delay, on a real broker.
 
     .venv/bin/python benchmarks/bench_serve.py [--nodes 2048] [--seconds 30] [--processes 2]
-                                               [--profile] [--out DIR] [--quick]
+                                               [--scrape FILE] [--profile] [--out DIR] [--quick]
 
 This process runs ``--processes`` ``foreshock serve`` processes (one consumer group, topics of
 ``--partitions`` partitions) and only orchestrates and watches. Other processes (this file with
 ``--role``) make the load, bounded in count and time: one publishes GPU scrapes of ``--nodes``
-nodes (8 GPUs each), paced evenly at ``--samples-per-s`` and each stamped when sent (event
+nodes (8 GPUs each, each GPU's record what the dcgm collector makes of a real exposition,
+``--scrape``), paced evenly at ``--samples-per-s`` and each stamped when sent (event
 time = wall time), another calls the first service's API at ``--rps`` requests/s. Scoring runs
 every ``--score-every`` of event time over every node.
 
@@ -45,33 +46,38 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from foreshock.ingest.contract import GpuSample, Topic, encode  # noqa: E402
+from foreshock.ingest.collectors.dcgm import parse_exposition  # noqa: E402
+from foreshock.ingest.contract import Topic, encode  # noqa: E402
 from foreshock.ingest.stream import now_ms  # noqa: E402
 
 GPUS = 8
 _TS = 1_111_111_111_111  # placeholder time stamp in the pre-encoded scrapes
 _ROOT = Path(__file__).resolve().parents[1]
+# A real dcgm-exporter exposition (default counters and profiling series) of one data-centre GPU.
+_SCRAPE = _ROOT / "tests" / "data" / "collectors" / "dcgm" / "cncf-upcloud-L40S.prom"
 
 
-def _template(node: int) -> bytes:
-    return encode([GpuSample(node=f"node{node:04d}", ts=_TS, gpu=g, gpu_temp=55.0 + g, memory_temp=60.0,
-                             power_usage=640.5, sm_clock=1980.0, gpu_util=97.0, fb_used=70_123.0,
-                             ecc_sbe_vol_total=3, ecc_dbe_vol_total=0, pcie_replay_counter=0,
-                             nvlink_crc_flit_error_count_total=0, xid_errors=0) for g in range(GPUS)])
+def _template(node: int, scrape: Path) -> bytes:
+    """A message as the dcgm collector publishes it: one scrape of a node's GPUs, each GPU's record
+    the one the collector makes of the first GPU of ``scrape``. Decoding then costs what real
+    traffic costs, its strings and its series outside the contract included."""
+    gpu = parse_exposition(scrape.read_bytes(), node=f"node{node:04d}", ts=_TS).records[0]
+    return encode([msgspec.structs.replace(gpu, gpu=g) for g in range(GPUS)])
 
 
-def role_telemetry(bootstrap: str, nodes: int, seconds: float, per_s: float) -> None:
+def role_telemetry(bootstrap: str, nodes: int, seconds: float, per_s: float, scrape: Path) -> None:
     """Publish scrapes round-robin over the nodes, paced evenly and each stamped when sent, as
     nodes that scrape on their own timers would; bounded by time and count."""
     from foreshock.ingest.kafka_bus import KafkaBus
 
     bus = KafkaBus(bootstrap, client_id="bench-telemetry")
-    templates = [(f"node{n:04d}", _template(n)) for n in range(nodes)]
+    templates = [(f"node{n:04d}", _template(n, scrape)) for n in range(nodes)]
     stamp = str(_TS).encode()
     sent, t0 = 0, time.monotonic()
     limit = int(per_s * seconds / GPUS)
@@ -85,7 +91,8 @@ def role_telemetry(bootstrap: str, nodes: int, seconds: float, per_s: float) -> 
                 time.sleep(ahead)
     bus.flush()
     bus.close()
-    print(json.dumps({"messages": sent, "samples": sent * GPUS, "seconds": time.monotonic() - t0}))
+    print(json.dumps({"messages": sent, "samples": sent * GPUS, "seconds": time.monotonic() - t0,
+                      "bytes_per_sample": len(templates[0][1]) / GPUS}))
 
 
 def role_api(url: str, rps: float, seconds: float, nodes: int) -> None:
@@ -181,12 +188,15 @@ def main() -> int:
     ap.add_argument("--scoring-nice", type=int, default=10, help="the services' --scoring-nice")
     ap.add_argument("--processes", type=int, default=1, help="service processes in the consumer group")
     ap.add_argument("--partitions", type=int, default=8, help="partitions of each topic")
+    ap.add_argument("--scrape", type=Path, default=_SCRAPE,
+                    help="dcgm-exporter exposition whose first GPU every published GPU reports "
+                    "(default: a real L40S scrape in tests/data)")
     ap.add_argument("--profile", action="store_true", help="sample the first service with py-spy")
     ap.add_argument("--out", type=Path, help="output folder (default: runs/bench_serve/<UTC time>)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 256 nodes, 8 s, 100 req/s, 2 s period")
     args = ap.parse_args()
     if args.role == "telemetry":
-        role_telemetry(args.kafka, args.nodes, args.seconds, args.samples_per_s)
+        role_telemetry(args.kafka, args.nodes, args.seconds, args.samples_per_s, args.scrape)
         return 0
     if args.role == "api":
         role_api(args.url, args.rps, args.seconds, args.nodes)
@@ -305,7 +315,8 @@ def run(args: argparse.Namespace) -> int:
         warm = 2.5 * args.score_every
         load = subprocess.Popen(
             [*me, "--role", "telemetry", "--kafka", bootstrap, "--nodes", str(args.nodes),
-             "--seconds", str(warm + args.seconds), "--samples-per-s", str(args.samples_per_s)],
+             "--seconds", str(warm + args.seconds), "--samples-per-s", str(args.samples_per_s),
+             "--scrape", str(args.scrape)],
             stdout=subprocess.PIPE, text=True)
         others.append(load)
         time.sleep(warm)  # first boundaries scored, every node known
@@ -414,7 +425,8 @@ def _report(args, live: list[_Service], drain: list[_Service], offered: dict, ba
     load = " ".join(f"{x:.2f}" for x in psutil.getloadavg())
     say(f"risk service (foreshock serve) x {args.processes}, {psutil.cpu_count()} cores shared with the "
         f"broker and the load (load average {load}): {args.nodes} nodes x {GPUS} GPUs, {args.partitions} "
-        f"partitions, scoring every {args.score_every:g} s of event time")
+        f"partitions, scoring every {args.score_every:g} s of event time; GPU records of "
+        f"{offered['bytes_per_sample']:.0f} bytes as the dcgm collector makes them of {args.scrape.name}")
 
     spans = [_drain_span(s) for s in drain]
     taken = [end["consumed"] - start["consumed"] for start, end in spans]
