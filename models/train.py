@@ -864,7 +864,7 @@ def train_from_dataset(
         progress=progress,
     )
     if dask_address is not None and data.table is not None:
-        dask_address = TableOnDask(dask_address, data, data_dir)
+        dask_address = TableOnDask(dask_address, data)
     with _counting_boosters(progress, (2 if prior_weight > 0 else 1) + max(0, folds - 1)):
         model, metrics, evaluated = train_on(
             data,

@@ -19,7 +19,7 @@ from foreshock.features.batch import compute_features
 from foreshock.features.table import FeatureTableError
 from foreshock.models.artifact import RiskModel
 from foreshock.models.evaluate import evaluate
-from foreshock.models.frame import CACHE_DIR, build_labelled, feature_table
+from foreshock.models.frame import CACHE_DIR, TableOnDask, build_labelled, feature_table
 from foreshock.models.train import FAR_FROM_FAILURE_MS, WEIGHT, thin_far_negatives, train_from_dataset
 from tests.fixtures.model_data import make_synthetic_cluster
 
@@ -102,6 +102,22 @@ def test_from_a_table_the_frame_holds_no_feature_and_any_rows_read_theirs(cluste
     scored = data.scores(rows, scorers)
     np.testing.assert_array_equal(scored["first"], want[names[0]].to_numpy())
     assert scored["rows"].max() < len(rows)  # a day at a time, never every row at once
+
+
+def test_dask_workers_read_the_rows_of_the_frame_by_their_place_in_the_table(cluster, tables):
+    """What each Dask partition holds (computed here, on the synchronous scheduler) is the asked
+    rows' features, as the frame reads them, beside their own extra columns."""
+    import dask
+
+    data = build_labelled(cluster.data_dir, HOUR, table=tables["cluster"])
+    names = data.feature_names
+    rows = data.frame.sample(frac=0.3, random_state=2)  # any order, across every day
+    extra = pd.DataFrame({"_label": np.arange(len(rows), dtype=np.int64)})
+    with dask.config.set(scheduler="synchronous"):
+        got = TableOnDask("tcp://unused:8786", data).rows(rows.index.to_numpy(), extra).compute()
+    got = got.sort_values("_label", ignore_index=True)  # back to the asked order
+    np.testing.assert_array_equal(got["_label"].to_numpy(), extra["_label"].to_numpy())
+    np.testing.assert_array_equal(got[names].to_numpy(), data.with_features(rows)[names].to_numpy())
 
 
 def test_without_a_table_the_features_are_computed_once_into_the_cache(other, tables, monkeypatch):
