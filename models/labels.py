@@ -51,6 +51,14 @@ def _asof(rows: pd.DataFrame, right: pd.DataFrame, direction: str, exact: bool) 
     return merged.sort_values("_row", kind="stable").reset_index(drop=True)
 
 
+def _where_positive(values: pd.Series, positive: np.ndarray) -> np.ndarray:
+    """``values`` on positive rows, NaN elsewhere, as objects: every NaN is the same object.
+    (A NaN boxed per row costs 32 bytes a row, gigabytes over a fleet's month of rows.)"""
+    out = np.full(len(values), np.nan, dtype=object)
+    out[positive] = values.to_numpy(dtype=object)[positive]
+    return out
+
+
 def label_rows(
     rows: pd.DataFrame, events: pd.DataFrame, horizon_ms: int, end_ms: int | None = None
 ) -> pd.DataFrame:
@@ -90,8 +98,8 @@ def label_rows(
     out = rows.assign(
         label=positive.astype(np.int8),
         failure_ts=failure_ts.to_numpy(),
-        cause=nxt["cause"].where(positive).astype("object").to_numpy(),
-        detectable=nxt["detectable"].where(positive).astype("object").to_numpy(),
+        cause=_where_positive(nxt["cause"], positive),
+        detectable=_where_positive(nxt["detectable"], positive),
         returned_ts=returned_ts.astype("Int64").to_numpy(),
     )
     return out.loc[keep].reset_index(drop=True)

@@ -40,6 +40,18 @@ def test_positive_exactly_when_failure_in_open_closed_horizon():
     assert out.loc[339 * MIN, "returned_ts"] == 300 * MIN
 
 
+def test_rows_without_a_failure_ahead_share_one_missing_cause():
+    """A fleet's month is tens of millions of rows, nearly all negative: a missing cause or
+    detectable must not be a Python object per row."""
+    rows = _rows("n0", range(0, 400))
+    events = _events(("n0", 200 * MIN, "failed", "gpu", True), ("n0", 300 * MIN, "repaired", None, None))
+    out = label_rows(rows, events, H)
+    negative = out["label"].to_numpy() == 0
+    for column in ("cause", "detectable"):
+        missing = out[column].to_numpy()[negative]
+        assert pd.isna(missing).all() and len({id(x) for x in missing}) == 1
+
+
 def test_down_and_drained_rows_left_out_and_other_nodes_untouched():
     rows = pd.concat([_rows("n0", range(0, 200)), _rows("n1", range(0, 200))])
     events = _events(
