@@ -24,7 +24,7 @@ test period and unseen datasets check it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,14 +97,18 @@ def out_of_fold(
     cadence_ms: int,
     clear_ms: int,
     folds: int = FOLDS,
+    training_columns: Sequence[str] | None = None,
 ) -> list[ScoredFold]:
     """Every fold's rows with every predictor's out-of-fold scores.
 
     ``val_scores`` are the model's and the baselines' scores on ``val`` (in its row order);
     ``fit_fold(training_rows, block_rows)`` fits the fold models and returns their scores on
-    ``block_rows`` (in its row order)."""
+    ``block_rows`` (in its row order). ``training_columns``: the only columns ``fit_fold`` reads
+    of its training rows (default: all); the rows it trains on are nearly every row of ``train``
+    and ``val``, and each fold takes a copy of them."""
     plan = time_folds(train, val, folds)
-    history = pd.concat([train, val]) if folds > 1 else val
+    cols = list(train.columns if training_columns is None else training_columns)
+    history = pd.concat([train[cols], val[cols]]) if folds > 1 else val[cols]
     out: list[ScoredFold] = []
     for fold in plan:
         if fold.scored_by == "model":
@@ -114,11 +118,17 @@ def out_of_fold(
             block = train.loc[(ts >= fold.start_ms) & (ts < fold.end_ms)]
             scores = fit_fold(fold_training_rows(history, fold, horizon_ms), block)
         kept = block[[c for c in EVAL_COLUMNS if c in block]].assign(
-            node=f"{fold.index}/" + block["node"].astype(str), **{f"_score_{p}": s for p, s in scores.items()}
+            node=_prefixed(block["node"], f"{fold.index}/"), **{f"_score_{p}": s for p, s in scores.items()}
         )
         rows = EvalRows(kept, cadence_ms, clear_ms)
         out.append(ScoredFold(fold, rows, {p: rows.frame[f"_score_{p}"].to_numpy() for p in scores}))
     return out
+
+
+def _prefixed(nodes: pd.Series, prefix: str) -> np.ndarray:
+    """``prefix`` + each node's name, one string object per node (not per row)."""
+    codes, names = pd.factorize(nodes.astype(str))
+    return np.array([prefix + n for n in names], dtype=object)[codes]
 
 
 def choose_thresholds(

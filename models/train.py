@@ -502,6 +502,10 @@ def thin_far_negatives(
     return rows.loc[keep].assign(**{WEIGHT: np.where(far[keep], 1.0 / rate, 1.0)})
 
 
+# what fold_scores reads of its training rows (booster_rows, _logistic_rows), besides features
+FOLD_TRAINING_COLUMNS = ("node", "ts", "label", "failure_ts", "returned_ts")
+
+
 def booster_rows(
     train: pd.DataFrame, *, censor_ms: int, negatives_per_positive: float, negative_rate: float, seed: int
 ) -> pd.DataFrame:
@@ -603,6 +607,7 @@ def fit(
     scored = out_of_fold(
         train, val, val_scores, fit_fold, horizon_ms=data.horizon_ms,
         cadence_ms=data.cadence_ms, clear_ms=clear_ms, folds=folds,
+        training_columns=[*FOLD_TRAINING_COLUMNS, *(names if data.table is None else ())],
     )
     selection = choose_thresholds(scored, budget_per_1000_node_days, budget_confidence)
     thresholds = {p: c.threshold for p, c in selection.items()}

@@ -62,9 +62,10 @@ def test_out_of_fold_scores_each_block_once_with_its_own_model_and_keeps_blocks_
 
     val_scores = {"model": VAL["ts"].to_numpy(dtype=float), "rules": -VAL["ts"].to_numpy(dtype=float)}
     scored = out_of_fold(TRAIN, VAL, val_scores, fit_fold, horizon_ms=H, cadence_ms=MIN, clear_ms=30 * MIN,
-                         folds=4)
+                         folds=4, training_columns=("node", "ts", "label"))
     assert len(seen) == 3 and [s.fold.scored_by for s in scored][-1] == "model"
     for (train, block), fold in zip(seen, scored, strict=False):
+        assert list(train.columns) == ["node", "ts", "label"]  # a fold copies only what it trains on
         lo, hi = block["ts"].min(), block["ts"].max()
         assert not train["ts"].between(lo - H, hi + H - 1).any()  # neither the block nor its purge gaps
         assert len(block) == len(fold.rows.frame)
@@ -72,6 +73,7 @@ def test_out_of_fold_scores_each_block_once_with_its_own_model_and_keeps_blocks_
     for s in scored:
         frame = s.rows.frame
         assert frame["node"].str.startswith(f"{s.fold.index}/").all()
+        assert len({id(name) for name in frame["node"]}) == 3  # a name per node, not per row
         assert np.array_equal(s.scores["model"], frame["ts"].to_numpy(dtype=float))  # scores follow rows
 
 
