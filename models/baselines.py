@@ -60,7 +60,9 @@ UNCORRECTABLE_COUNTERS = ("ecc_dbe_vol_total", "uncorrectable_remapped_rows", "r
 SBE_COUNTER = "ecc_sbe_vol_total"
 RULE_COLUMNS = ("rule_critical", "rule_sbe_per_min")
 SBE_REFERENCE_PER_MIN = 1.0
-_BLOCK_ROWS = 200_000  # rows standardised at once by LogisticBaseline (about 160 MB of float64)
+# rows standardised at once by LogisticBaseline: 26 MB of float64 for 101 features, and a few
+# copies of it; a multiple of 8, so that BLAS rounds every row as it would in one block
+_BLOCK_ROWS = 1 << 15
 
 
 def _bucket(ts: np.ndarray, cadence_ms: int) -> np.ndarray:

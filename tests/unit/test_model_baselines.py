@@ -67,3 +67,21 @@ def test_logistic_round_trips_through_json_and_ranks_the_signal():
     assert np.allclose(again.score(x), lr.score(x))
     assert abs(lr.coef_[0]) > 5 * abs(lr.coef_[1])
     assert np.isfinite(lr.score(x)).all()
+
+
+def test_logistic_log_odds_do_not_depend_on_how_many_rows_are_scored_at_once(monkeypatch):
+    """Rows are standardised a block at a time to bound memory; a row's log-odds must be the
+    same whatever block it falls in (thresholds are compared bit for bit across runs). BLAS takes
+    rows in groups, so block sizes are multiples of 8: a block of 7 rows rounds differently."""
+    import foreshock.models.baselines as baselines
+
+    rng = np.random.default_rng(1)
+    x = pd.DataFrame(rng.normal(size=(5000, 101)).astype(np.float32), columns=[f"f{i}" for i in range(101)])
+    x.iloc[::13, 7] = np.nan
+    y = (x["f0"] > 1.0).astype(int).to_numpy()
+    lr = LogisticBaseline(list(x.columns)).fit(x, y)
+    monkeypatch.setattr(baselines, "_BLOCK_ROWS", len(x))
+    whole = lr.frame_log_odds(x)
+    for rows in (8, 64, 1000, 4096):
+        monkeypatch.setattr(baselines, "_BLOCK_ROWS", rows)
+        np.testing.assert_array_equal(lr.frame_log_odds(x), whole)
