@@ -248,7 +248,7 @@ class OnlineFeatureEngine:
                 cap = max(n, 2 * ring.shape[1], 16)
                 new = np.empty((ring.shape[0], cap, r), ring.dtype)  # each page written once
                 new[:, : ring.shape[1]] = ring
-                new[:, ring.shape[1]:] = self._fill[r]
+                new[:, ring.shape[1] :] = self._fill[r]
                 self._rings[r] = new
 
     def _take_pending(self, before: int) -> dict[str, list[dict[str, np.ndarray]]]:
