@@ -63,12 +63,14 @@ _ROOT = Path(__file__).resolve().parents[1]
 _SCRAPE = _ROOT / "tests" / "data" / "collectors" / "dcgm" / "cncf-upcloud-L40S.prom"
 
 
-def _template(node: int, scrape: Path) -> bytes:
-    """A message as the dcgm collector publishes it: one scrape of a node's GPUs, each GPU's record
-    the one the collector makes of the first GPU of ``scrape``. Decoding then costs what real
-    traffic costs, its strings and its series outside the contract included."""
-    gpu = parse_exposition(scrape.read_bytes(), node=f"node{node:04d}", ts=_TS).records[0]
-    return encode([msgspec.structs.replace(gpu, gpu=g) for g in range(GPUS)])
+def _templates(nodes: int, scrape: Path) -> list[tuple[str, bytes]]:
+    """Each node's message as the dcgm collector publishes it: one scrape of the node's GPUs, each
+    GPU's record the one the collector makes of the first GPU of ``scrape``. Decoding then costs
+    what real traffic costs, its strings and its series outside the contract included."""
+    gpu = parse_exposition(scrape.read_bytes(), node="node", ts=_TS).records[0]
+    names = [f"node{n:04d}" for n in range(nodes)]
+    return [(name, encode([msgspec.structs.replace(gpu, node=name, gpu=g) for g in range(GPUS)]))
+            for name in names]
 
 
 def role_telemetry(bootstrap: str, nodes: int, seconds: float, per_s: float, scrape: Path) -> None:
@@ -77,7 +79,7 @@ def role_telemetry(bootstrap: str, nodes: int, seconds: float, per_s: float, scr
     from foreshock.ingest.kafka_bus import KafkaBus
 
     bus = KafkaBus(bootstrap, client_id="bench-telemetry")
-    templates = [(f"node{n:04d}", _template(n, scrape)) for n in range(nodes)]
+    templates = _templates(nodes, scrape)
     stamp = str(_TS).encode()
     sent, t0 = 0, time.monotonic()
     limit = int(per_s * seconds / GPUS)
