@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux /proc needed")
+pytestmark = pytest.mark.skipif(
+    not (Path("/proc/self/smaps").exists() and Path("/sys/kernel/mm/transparent_hugepage").exists()),
+    reason="Linux with transparent huge pages needed (the advice fails without them)",
+)
 
 _PROBE = """
 import numpy as np
