@@ -14,12 +14,14 @@ time, for a reader (``evaluate``) that need not hold every feature at once.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
@@ -30,6 +32,7 @@ from foreshock.models.labels import label_rows
 
 __all__ = [
     "CACHE_DIR",
+    "FeatureRows",
     "LabelledData",
     "LabelledStream",
     "TableOnDask",
@@ -46,6 +49,8 @@ CACHE_DIR = "feature-cache"
 
 Progress = Callable[[str, int, int], None]
 SCORE_BLOCK_ROWS = 1 << 16
+# FeatureRows' block of a frame's own features, and the batch LightGBM reads of any
+FEATURE_BLOCK_ROWS = 1 << 16
 
 
 @dataclass
@@ -84,7 +89,16 @@ class LabelledData:
         from the table, each day of it once."""
         if self._in_frame(rows):
             return rows
+        values = self.feature_matrix(rows)
+        features = pd.DataFrame(values, index=rows.index, columns=self.feature_names, copy=False)
+        return pd.concat([rows, features], axis=1, copy=False)
+
+    def feature_matrix(self, rows: pd.DataFrame) -> np.ndarray:
+        """The features of ``rows`` (rows of :attr:`frame`, any order), float32, one row per row
+        and one column per :attr:`feature_names`, read from the table, each day of it once."""
         names = self.feature_names
+        if self._in_frame(rows):
+            return rows[names].to_numpy(np.float32, na_value=np.nan)
         positions = rows.index.to_numpy(dtype=np.int64)
         values = np.empty((len(rows), len(names)), dtype=np.float32)
         order = np.argsort(positions, kind="stable")
@@ -100,8 +114,11 @@ class LabelledData:
             for j, name in enumerate(names):
                 values[into, j] = taken.column(name).to_numpy().astype(np.float32, copy=False)
             del taken
-        features = pd.DataFrame(values, index=rows.index, columns=names, copy=False)
-        return pd.concat([rows, features], axis=1, copy=False)
+        return values
+
+    def feature_rows(self, rows: pd.DataFrame) -> FeatureRows:
+        """The features of ``rows`` (rows of :attr:`frame`, in its order) a block at a time."""
+        return FeatureRows(rows, self.feature_names, self)
 
     def scores(
         self, rows: pd.DataFrame, scorers: Mapping[str, Callable[[pd.DataFrame], np.ndarray]]
@@ -128,6 +145,75 @@ class LabelledData:
                         out[name] = np.empty(len(rows), dtype=got.dtype)
                     out[name][at[i : i + SCORE_BLOCK_ROWS]] = got
         return out
+
+
+class FeatureRows(lgb.Sequence):
+    """The features of some rows, float32, served a block of rows at a time: what LightGBM bins
+    a dataset from (it reads a ``lightgbm.Sequence`` a batch at a time) and what a booster
+    predicts from (:meth:`blocks`), so that no step holds one matrix of every row, nor a second
+    copy of a frame's features. From a feature table a block is the rows of one table day, read
+    when first asked for (the rows must be in the frame's order, as every part of a split is);
+    otherwise it is :data:`FEATURE_BLOCK_ROWS` rows of the frame's own feature columns. Only the
+    block last read is kept."""
+
+    batch_size = FEATURE_BLOCK_ROWS
+
+    def __init__(self, rows: pd.DataFrame, names: list[str], data: LabelledData | None = None) -> None:
+        self.rows, self.names, self.data = rows, list(names), data
+        if data is None or data._in_frame(rows):
+            self.data = None
+            edges = list(range(0, len(rows), FEATURE_BLOCK_ROWS))
+        else:
+            positions = rows.index.to_numpy(dtype=np.int64)
+            if np.any(np.diff(positions) < 0):
+                raise ValueError("rows read from a feature table must be in the labelled frame's order")
+            edges = np.searchsorted(positions, [start for _, start, _ in data.days]).tolist()
+        self.edges = sorted({0, *edges, len(rows)})
+        self._held: tuple[int, int, np.ndarray] = (0, 0, np.empty((0, len(self.names)), dtype=np.float32))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _matrix(self, lo: int, hi: int) -> np.ndarray:
+        part = self.rows.iloc[lo:hi]
+        if self.data is None:
+            return part[self.names].to_numpy(np.float32, na_value=np.nan)
+        return self.data.feature_matrix(part)
+
+    def _block_at(self, row: int) -> tuple[int, int, np.ndarray]:
+        lo, hi, matrix = self._held
+        if not lo <= row < hi:
+            i = bisect.bisect_right(self.edges, row) - 1
+            lo, hi = self.edges[i], self.edges[i + 1]
+            self._held = (lo, hi, np.empty((0, 0), dtype=np.float32))  # free the old block first
+            matrix = self._matrix(lo, hi)
+            self._held = (lo, hi, matrix)
+        return lo, hi, matrix
+
+    def __getitem__(self, idx: int | slice) -> np.ndarray:
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(len(self))
+            if step != 1:
+                raise IndexError("FeatureRows takes contiguous slices only")
+            parts = []
+            while start < stop:
+                lo, hi, matrix = self._block_at(start)
+                end = min(stop, hi)
+                parts.append(matrix[start - lo : end - lo])
+                start = end
+            if len(parts) == 1:
+                return parts[0]
+            return np.concatenate(parts) if parts else np.empty((0, len(self.names)), dtype=np.float32)
+        row = int(idx)
+        if not 0 <= row < len(self):
+            raise IndexError(row)
+        lo, _, matrix = self._block_at(row)
+        return matrix[row - lo].astype(np.float64)  # LightGBM bins from sampled rows of doubles
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        """Every block in row order."""
+        for lo in self.edges[:-1]:
+            yield self._block_at(lo)[2]
 
 
 def dataset_fingerprint(data_dir: str | Path) -> str:

@@ -73,7 +73,7 @@ from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
 from foreshock.models.evaluate import PREDICTORS, predictor_metrics, write_outputs
 from foreshock.models.folds import FOLDS, choose_thresholds, out_of_fold
-from foreshock.models.frame import LabelledData, TableOnDask, build_labelled
+from foreshock.models.frame import FeatureRows, LabelledData, TableOnDask, build_labelled
 from foreshock.models.splits import make_split
 
 __all__ = [
@@ -95,6 +95,7 @@ __all__ = [
     "booster_rows",
     "fit_booster",
     "fit_with_prior",
+    "log_odds",
     "fold_scores",
     "choose_prior_weight",
     "platt_calibration",
@@ -155,22 +156,60 @@ MIN_LEAF_SHARE = 1 / 16_000
 TAIL_QUANTILES = (1e-2, 3e-3, 1e-3, 3e-4, 1e-4, 3e-5, 1e-5)
 
 
-def tail_bin_bounds(x: pd.DataFrame, names: list[str] | None = None) -> list[dict[str, Any]]:
-    """LightGBM's forced bins (``forcedbins_filename``'s content): for every column of ``x``
-    (its ``names``, default all) with a finite value, bin bounds at :data:`TAIL_QUANTILES` of its
-    values and at their mirror images (1 - q). LightGBM fills the rest of ``max_bin`` as usual."""
+def tail_bin_bounds(x: pd.DataFrame | FeatureRows, names: list[str] | None = None) -> list[dict[str, Any]]:
+    """LightGBM's forced bins (``forcedbins_filename``'s content): for every feature of ``x``
+    (a frame's ``names``, default all its columns, or :class:`~foreshock.models.frame.FeatureRows`)
+    with a finite value, bin bounds at :data:`TAIL_QUANTILES` of its float32 values and at their
+    mirror images (1 - q), as ``numpy.quantile`` gives them. LightGBM fills the rest of
+    ``max_bin`` as usual. ``x`` is read a block at a time: only each feature's values in the
+    outer :data:`TAIL_QUANTILES` share of either tail are kept (:class:`_Tails`)."""
+    rows = _feature_rows(x, names)
     qs = [*TAIL_QUANTILES, *(1.0 - q for q in TAIL_QUANTILES)]
-    out = []
-    for i, name in enumerate(x.columns if names is None else names):
-        v = x[name].to_numpy(dtype=np.float64, na_value=np.nan)
-        v = v[np.isfinite(v)]
-        if v.size:
-            out.append({"feature": i, "bin_upper_bound": np.unique(np.quantile(v, qs)).tolist()})
-    return out
+    tails = [_Tails(int((len(rows) - 1) * max(TAIL_QUANTILES)) + 2) for _ in rows.names]
+    for block in rows.blocks():
+        for j, tail in enumerate(tails):
+            tail.add(block[:, j].astype(np.float64))
+    return [
+        {"feature": i, "bin_upper_bound": np.unique([tail.quantile(q) for q in qs]).tolist()}
+        for i, tail in enumerate(tails)
+        if tail.count
+    ]
+
+
+class _Tails:
+    """The ``keep`` smallest and largest finite values seen of one feature, and how many finite
+    values there were: enough for ``numpy.quantile``'s (linear) quantiles within ``keep - 2``
+    order statistics of either end, bit for bit, without holding every value."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep, self.count = keep, 0
+        self.low = self.high = np.empty(0)
+
+    def add(self, values: np.ndarray) -> None:
+        values = values[np.isfinite(values)]
+        self.count += values.size
+        k = self.keep
+        if self.low.size >= k:  # a value past the k-th kept one cannot enter
+            values_low, values_high = values[values <= self.low[k - 1]], values[values >= self.high[-k]]
+        else:
+            values_low = values_high = values
+        self.low = np.sort(np.concatenate([self.low, values_low]))[:k]
+        self.high = np.sort(np.concatenate([self.high, values_high]))[-k:]
+
+    def _order_statistic(self, i: int) -> float:
+        return float(self.low[i] if i < self.low.size else self.high[i - (self.count - self.high.size)])
+
+    def quantile(self, q: float) -> float:
+        at = (self.count - 1) * q  # numpy's 'linear' method
+        below = math.floor(at)
+        a = self._order_statistic(min(below, self.count - 1))
+        b = self._order_statistic(min(below + 1, self.count - 1))
+        gamma = at - below
+        return b - (b - a) * (1 - gamma) if gamma >= 0.5 else a + (b - a) * gamma
 
 
 @contextmanager
-def forced_bins_file(x: pd.DataFrame, names: list[str] | None = None) -> Iterator[str]:
+def forced_bins_file(x: pd.DataFrame | FeatureRows, names: list[str] | None = None) -> Iterator[str]:
     """The path of a temporary file holding :func:`tail_bin_bounds` of ``x``: LightGBM's
     ``forcedbins_filename``, which it reads when it bins a dataset."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -246,9 +285,9 @@ def _counting_boosters(progress: Callable[[str, int, int], None] | None, total: 
 
 
 def fit_booster(
-    x_train: pd.DataFrame,
+    x_train: pd.DataFrame | FeatureRows,
     y_train: np.ndarray,
-    x_val: pd.DataFrame | None,
+    x_val: pd.DataFrame | FeatureRows | None,
     y_val: np.ndarray | None,
     params: dict[str, Any],
     dask_address: str | None = None,
@@ -265,16 +304,17 @@ def fit_booster(
     ``init`` is the log-odds the trees start from on the training and validation rows
     (LightGBM's ``init_score``; validation is judged on it plus the trees). Without it LightGBM
     starts from the training base rate. ``weight``: each training row's weight
-    (:func:`thin_far_negatives`). ``names``: the columns of ``x_train`` and ``x_val`` that are
-    features (default: every column), so that a frame of rows need not be copied into one of
-    features first.
+    (:func:`thin_far_negatives`). ``x_train`` and ``x_val``: the rows' features, as
+    :class:`~foreshock.models.frame.FeatureRows` or a frame whose ``names`` columns are features
+    (default: every column).
 
-    LightGBM bins the rows from float32 blocks of :data:`DATASET_BLOCK_ROWS` (:func:`_blocks`),
-    never one whole matrix, and frees them once binned. With a
+    LightGBM bins the rows as it reads them, a block of float32 rows at a time
+    (:class:`~foreshock.models.frame.FeatureRows`): no step holds a matrix of every row. With a
     :class:`~foreshock.models.frame.TableOnDask` address the trees grow through ``lightgbm.dask``
     on rows the workers read from the feature table themselves (:func:`_rows_on_workers`)."""
-    names = list(x_train.columns) if names is None else names
-    booster = _fit_booster(x_train, y_train, x_val, y_val, params, names, dask_address, init, rounds, weight)
+    train = _feature_rows(x_train, names)
+    val = None if x_val is None else _feature_rows(x_val, train.names)
+    booster = _fit_booster(train, y_train, val, y_val, params, dask_address, init, rounds, weight)
     fitted = _BOOSTER_FITTED.get()
     if fitted is not None:
         fitted()
@@ -282,31 +322,28 @@ def fit_booster(
 
 
 def _fit_booster(
-    x_train: pd.DataFrame,
+    x_train: FeatureRows,
     y_train: np.ndarray,
-    x_val: pd.DataFrame | None,
+    x_val: FeatureRows | None,
     y_val: np.ndarray | None,
     params: dict[str, Any],
-    names: list[str],
     dask_address: str | None = None,
     init: tuple[np.ndarray, np.ndarray | None] | None = None,
     rounds: int | None = None,
     weight: np.ndarray | None = None,
 ) -> lgb.Booster:
     init_train, init_val = init if init is not None else (None, None)
+    names = x_train.names
     if dask_address is None:
         history: list[float] = []
         judged = rounds is None
-        with forced_bins_file(x_train, names) as path:
+        with forced_bins_file(x_train) as path:
             booster = lgb.train(
                 {**params, "metric": "average_precision", "forcedbins_filename": path},
-                lgb.Dataset(
-                    _blocks(x_train, names), y_train, weight=weight, init_score=init_train, feature_name=names
-                ),
+                _Dataset(x_train, y_train, weight=weight, init_score=init_train, feature_name=names),
                 num_boost_round=MAX_ROUNDS if judged else rounds,
-                valid_sets=[
-                    lgb.Dataset(_blocks(x_val, names), y_val, init_score=init_val, feature_name=names)
-                ]
+                valid_sets=[_Dataset(x_val, y_val, weight=_valid_weight(y_val, weight), init_score=init_val,
+                                     feature_name=names)]
                 if judged
                 else [],
                 callbacks=[_stop_after(history)] if judged else [],
@@ -316,14 +353,14 @@ def _fit_booster(
     from lightgbm.dask import DaskLGBMClassifier
 
     with Client(dask_address) as client:
-        train = _rows_on_workers(client, dask_address, x_train[names], y_train, weight, init_train)
+        train = _rows_on_workers(client, dask_address, x_train, y_train, weight, init_train)
         local = {k: v for k, v in params.items() if k != "n_jobs"}  # lightgbm.dask sets threads per worker
         local.setdefault("n_estimators", DASK_ROUNDS)
         if rounds is not None:
             local["n_estimators"] = rounds
         # each worker builds its own bins: the bounds file must be at the same path on every one
         path = str(Path(tempfile.gettempdir()) / f"foreshock-forced-bins-{uuid.uuid4().hex}.json")
-        client.run(_write_text, path, json.dumps(tail_bin_bounds(x_train, names)))
+        client.run(_write_text, path, json.dumps(tail_bin_bounds(x_train)))
         try:
             clf = DaskLGBMClassifier(client=client, forcedbins_filename=path, **local)
             clf.fit(
@@ -339,34 +376,47 @@ def _fit_booster(
         return booster
     start = 0.0 if init_val is None else init_val
     curve = [
-        float(average_precision_score(y_val, start + predict_blocks(booster, x_val, names, num_iteration=k)))
+        float(average_precision_score(y_val, start + predict_blocks(booster, x_val, num_iteration=k)))
         for k in range(1, booster.current_iteration() + 1)
     ]
     return _trim(booster, _best_iteration(curve))
 
 
-DATASET_BLOCK_ROWS = 1 << 16
+class _Dataset(lgb.Dataset):
+    """A ``lightgbm.Dataset`` that hands the library every parameter when it bins rows read a
+    batch at a time (a ``lightgbm.Sequence``), as it does for one matrix. Its own ``get_params``
+    keeps only the dataset-level ones there, and the bins then differ: ``feature_pre_filter``
+    judges which features a leaf could ever split by the default ``min_data_in_leaf`` instead of
+    ours, keeps features the trees cannot use, and ``colsample_bytree`` draws among those."""
+
+    def get_params(self) -> dict[str, Any]:
+        return dict(self.params or {})
 
 
-def _blocks(x: pd.DataFrame, names: list[str]) -> list[np.ndarray]:
-    """``x[names]`` as float32 blocks of rows: LightGBM bins a list of blocks as it would bin them
-    stacked (the same sampled rows, the same bins, the same trees) without a copy of the whole matrix."""
-    step = DATASET_BLOCK_ROWS
-    blocks = [
-        x.iloc[i : i + step][names].to_numpy(np.float32, na_value=np.nan) for i in range(0, len(x), step)
-    ]
-    return blocks or [np.empty((0, len(names)), dtype=np.float32)]
+def _valid_weight(y_val: np.ndarray | None, weight: np.ndarray | None) -> np.ndarray | None:
+    """The validation rows' weights when the training rows are weighted: 2 for every row, which
+    leaves average precision as it is. A validation set LightGBM bins by reference to weighted
+    training rows, read a batch at a time, starts with every weight 0 (its average precision is
+    then 1 whatever the trees), and LightGBM takes weights of 1 for none at all."""
+    return None if weight is None or y_val is None else np.full(len(y_val), 2.0)
 
 
-def predict_blocks(booster: lgb.Booster, x: pd.DataFrame, names: list[str], **kwargs: Any) -> np.ndarray:
-    """``booster``'s raw scores of ``x[names]``, a block of rows at a time (no copy of the whole matrix)."""
-    return np.concatenate([booster.predict(b, raw_score=True, **kwargs) for b in _blocks(x, names)])
+def _feature_rows(x: pd.DataFrame | FeatureRows, names: list[str] | None) -> FeatureRows:
+    """``x`` as :class:`~foreshock.models.frame.FeatureRows`: a frame's ``names`` columns
+    (default: all) are its features."""
+    return x if isinstance(x, FeatureRows) else FeatureRows(x, list(x.columns) if names is None else names)
+
+
+def predict_blocks(booster: lgb.Booster, x: FeatureRows, **kwargs: Any) -> np.ndarray:
+    """``booster``'s raw scores of ``x``, a block of rows at a time (no matrix of every row)."""
+    scores = [booster.predict(block, raw_score=True, **kwargs) for block in x.blocks()]
+    return np.concatenate(scores) if scores else np.empty(0)
 
 
 def _rows_on_workers(
     client: Any,
     address: str,
-    x: pd.DataFrame,
+    x: FeatureRows,
     y: np.ndarray,
     weight: np.ndarray | None,
     init: np.ndarray | None,
@@ -383,9 +433,10 @@ def _rows_on_workers(
     if init is not None:
         extra["_init"] = init
     if isinstance(address, TableOnDask):
-        return address.rows(x.index.to_numpy(), extra)
+        return address.rows(x.rows.index.to_numpy(), extra)
     workers = max(1, len(client.scheduler_info()["workers"]))
-    return dd.from_pandas(pd.concat([x.reset_index(drop=True), extra], axis=1), npartitions=workers)
+    features = pd.DataFrame(np.concatenate(list(x.blocks())), columns=x.names)
+    return dd.from_pandas(pd.concat([features, extra], axis=1), npartitions=workers)
 
 
 def _write_text(path: str, text: str) -> None:
@@ -404,13 +455,15 @@ def fit_with_prior(
     prior: LogisticBaseline,
     prior_weight: float,
     dask_address: str | None = None,
+    data: LabelledData | None = None,
 ) -> tuple[lgb.Booster, float, dict[float, dict[str, float]]]:
     """Fit trees alone and, when ``prior_weight`` > 0, trees boosted from ``prior_weight`` times
     ``prior``'s log-odds; keep the one whose margin has the higher validation average precision
     (a tie keeps the trees alone), among those whose margin calibrates (Platt slope above
     :data:`MIN_PLATT_SLOPE`). Returns the booster, its weight and, per candidate, its validation
     ``pr_auc`` and Platt map (``platt_slope``, ``platt_intercept``): the kept candidate's map is
-    the model's calibration.
+    the model's calibration. ``train`` and ``val`` are rows of ``data``, whose features it reads
+    a block at a time (without ``data``: frames whose ``names`` columns are the features).
 
     Why both: the prior helps where the logistic regression generalises (llama3, 512 nodes, 14
     days: validation PR-AUC 0.272 against 0.266) and hurts where it overfits a short training
@@ -422,15 +475,16 @@ def fit_with_prior(
     y_train, y_val = train["label"].to_numpy(), val["label"].to_numpy()
     row_weight = train[WEIGHT].to_numpy() if WEIGHT in train else None
     weights = sorted({0.0, max(prior_weight, 0.0)})
-    linear = {"train": prior.frame_log_odds(train), "val": prior.frame_log_odds(val)} if weights[-1] else {}
+    x_train, x_val = FeatureRows(train, names, data), FeatureRows(val, names, data)
+    linear = {"train": log_odds(prior, train, data), "val": log_odds(prior, val, data)} if weights[-1] else {}
     fitted: dict[float, lgb.Booster] = {}
     judged: dict[float, dict[str, float]] = {}
     for weight in weights:
         init = None if weight == 0 else (weight * linear["train"], weight * linear["val"])
         fitted[weight] = fit_booster(
-            train, y_train, val, y_val, params, dask_address, init=init, weight=row_weight, names=names
+            x_train, y_train, x_val, y_val, params, dask_address, init=init, weight=row_weight
         )
-        margin = predict_blocks(fitted[weight], val, names) + (init[1] if init else 0.0)
+        margin = predict_blocks(fitted[weight], x_val) + (init[1] if init else 0.0)
         slope, intercept = platt_calibration(margin, y_val)
         judged[weight] = {
             "pr_auc": float(average_precision_score(y_val, margin)),
@@ -439,6 +493,14 @@ def fit_with_prior(
         }
     best = choose_prior_weight(judged)
     return fitted[best], best, judged
+
+
+def log_odds(prior: LogisticBaseline, rows: pd.DataFrame, data: LabelledData | None) -> np.ndarray:
+    """``prior``'s log-odds of ``rows``: rows of ``data``, their features read a day at a time, or
+    (without ``data``) a frame holding its features."""
+    if data is None:
+        return prior.frame_log_odds(rows)
+    return data.scores(rows, {"prior": prior.frame_log_odds})["prior"]
 
 
 def choose_prior_weight(judged: dict[float, dict[str, float]]) -> float:
@@ -512,6 +574,8 @@ def booster_rows(
     """The rows the trees are fitted on: censored (:func:`censor_before_failures`), subsampled to
     ``negatives_per_positive``, far negatives thinned to ``negative_rate`` (:func:`thin_far_negatives`)."""
     rows = _subsample(censor_before_failures(train, censor_ms), negatives_per_positive, seed)
+    if not rows.index.is_monotonic_increasing:  # FeatureRows reads a table in the frame's order
+        rows = rows.sort_index(kind="stable")
     return thin_far_negatives(rows, negative_rate, seed)
 
 
@@ -576,9 +640,8 @@ def fit(
         "random_state": seed,
         **(params or {}),
     }
-    val_x = data.with_features(val)
     booster, weight, candidates = fit_with_prior(
-        data.with_features(rows), val_x, names, params, logistic, prior_weight, dask_address
+        rows, val, names, params, logistic, prior_weight, dask_address, data=data
     )
     del rows
     kept = candidates[weight]
@@ -594,8 +657,7 @@ def fit(
     )
     scorers = {"model": unthresholded.predict_proba, "rules": rule_scores, "logistic": logistic.score}
 
-    val_scores = {p: scorers[p](val_x) for p in PREDICTORS}
-    del val_x
+    val_scores = data.scores(val, {p: scorers[p] for p in PREDICTORS})
 
     def fit_fold(fold_train: pd.DataFrame, block: pd.DataFrame) -> dict[str, np.ndarray]:
         return fold_scores(
@@ -651,13 +713,12 @@ def fold_scores(
     on ``block``; every predictor's scores on ``block``, in its row order."""
     names = data.feature_names
     logistic = _fit_logistic(data.with_features(_logistic_rows(train, seed)), names, seed)
-    rows = data.with_features(booster_rows(train, censor_ms=censor_ms,
-                                           negatives_per_positive=negatives_per_positive,
-                                           negative_rate=negative_rate, seed=seed))
-    init = (prior_weight * logistic.frame_log_odds(rows), None) if prior_weight > 0 else None
+    rows = booster_rows(train, censor_ms=censor_ms, negatives_per_positive=negatives_per_positive,
+                        negative_rate=negative_rate, seed=seed)
+    init = (prior_weight * log_odds(logistic, rows, data), None) if prior_weight > 0 else None
     weight = rows[WEIGHT].to_numpy() if WEIGHT in rows else None
-    booster = fit_booster(rows, rows["label"].to_numpy(), None, None, params, dask_address,
-                          init=init, rounds=rounds, weight=weight, names=names)
+    booster = fit_booster(data.feature_rows(rows), rows["label"].to_numpy(), None, None, params, dask_address,
+                          init=init, rounds=rounds, weight=weight)
     del rows
 
     def as_model(calibration: tuple[float, float]) -> RiskModel:

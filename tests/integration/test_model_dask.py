@@ -47,7 +47,7 @@ def test_every_dask_worker_bins_with_the_tail_bounds():
     from foreshock.models.train import DEFAULT_PARAMS, fit_booster
 
     rng = np.random.default_rng(2)
-    x = pd.DataFrame({"spread": rng.normal(size=100_000)})
+    x = pd.DataFrame({"spread": rng.normal(size=100_000).astype(np.float32)})  # as train's features are
     y = (x["spread"] > np.quantile(x["spread"], 0.9995)).to_numpy().astype(int)
     params = {**DEFAULT_PARAMS, "num_leaves": 2, "min_child_samples": 10, "n_estimators": 5}
     with LocalCluster(

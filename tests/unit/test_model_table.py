@@ -104,6 +104,24 @@ def test_from_a_table_the_frame_holds_no_feature_and_any_rows_read_theirs(cluste
     assert scored["rows"].max() < len(rows)  # a day at a time, never every row at once
 
 
+def test_feature_rows_read_a_table_day_at_a_time_in_the_frames_order(cluster, tables):
+    """What LightGBM and the boosters read: the rows' features as ``with_features`` gives them,
+    one table day in memory at a time, by block, slice (across days) or row."""
+    data = build_labelled(cluster.data_dir, HOUR, table=tables["cluster"])
+    rows = data.frame.iloc[::3]  # a part of the frame, in its order, across every day
+    want = data.with_features(rows)[data.feature_names].to_numpy()
+    got = data.feature_rows(rows)
+    blocks = list(got.blocks())
+    assert len(got) == len(rows) and len(blocks) == sum(stop > start for _, start, stop in data.days) > 1
+    np.testing.assert_array_equal(np.concatenate(blocks), want)
+    first_day = len(blocks[0])
+    np.testing.assert_array_equal(got[first_day - 5 : first_day + 5], want[first_day - 5 : first_day + 5])
+    assert got[first_day].dtype == np.float64
+    np.testing.assert_array_equal(got[first_day], want[first_day])
+    with pytest.raises(ValueError, match="frame's order"):
+        data.feature_rows(rows.iloc[::-1])
+
+
 def test_dask_workers_read_the_rows_of_the_frame_by_their_place_in_the_table(cluster, tables):
     """What each Dask partition holds (computed here, on the synchronous scheduler) is the asked
     rows' features, as the frame reads them, beside their own extra columns."""

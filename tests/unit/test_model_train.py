@@ -13,13 +13,17 @@ import foreshock.models.train
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline
 from foreshock.models.evaluate import evaluate
+from foreshock.models.frame import FEATURE_BLOCK_ROWS, FeatureRows
 from foreshock.models.train import (
     DEFAULT_PARAMS,
     MIN_PLATT_SLOPE,
+    MIN_ROUNDS,
     PRIOR_WEIGHT,
+    TAIL_QUANTILES,
     choose_prior_weight,
     fit_booster,
     fit_with_prior,
+    forced_bins_file,
     min_leaf_rows,
     monotone_directions,
     platt_calibration,
@@ -199,6 +203,77 @@ def test_tail_bins_let_a_split_fall_where_only_the_rarest_rows_are():
     plain = lgb.train({**params, "verbose": -1}, lgb.Dataset(x, y), num_boost_round=1)
     first = [float(b.trees_to_dataframe()["threshold"].dropna().iloc[0]) for b in (booster, plain)]
     assert first[0] >= np.quantile(x["spread"], 0.999) and first[1] < np.quantile(x["spread"], 0.99)
+
+
+def test_tail_bounds_read_a_block_at_a_time_are_numpys_quantiles_of_every_value():
+    """Only each tail is kept as the blocks go by, yet the bounds are ``numpy.quantile``'s over
+    all the finite float32 values, bit for bit: with non-finite values, ties, a column too short
+    for its tails to part, and one with nothing finite."""
+    rng = np.random.default_rng(5)
+    n = 3 * FEATURE_BLOCK_ROWS + 123
+    heavy = rng.standard_t(2, n)
+    heavy[rng.random(n) < 0.2] = np.nan
+    heavy[:50] = np.inf
+    x = pd.DataFrame({
+        "heavy": heavy,
+        "ties": rng.integers(0, 5, n).astype(float),
+        "rare": np.where(np.arange(n) % 40_000 == 0, rng.normal(size=n), np.nan),
+        "none": np.full(n, np.nan),
+    })
+    qs = [*TAIL_QUANTILES, *(1.0 - q for q in TAIL_QUANTILES)]
+    want = []
+    for i, name in enumerate(x.columns):
+        v = x[name].to_numpy(np.float32).astype(np.float64)
+        v = v[np.isfinite(v)]
+        if v.size:
+            want.append({"feature": i, "bin_upper_bound": np.unique(np.quantile(v, qs)).tolist()})
+    assert [b["feature"] for b in want] == [0, 1, 2]
+    assert tail_bin_bounds(x) == want
+
+
+def test_trees_bin_rows_read_in_blocks_as_they_bin_one_matrix():
+    """LightGBM reads the rows a block at a time (FeatureRows) and grows the very trees it grows
+    from the whole float32 matrix: its bin sample drawn from more rows than one block, a feature
+    too rare for any leaf left out of the features each tree draws from."""
+    rng = np.random.default_rng(6)
+    n = 4 * FEATURE_BLOCK_ROWS + 7  # more rows than LightGBM samples to find its bins
+    x = pd.DataFrame({"a": rng.normal(size=n), "b": rng.exponential(size=n), "c": rng.integers(0, 9, n),
+                      "rare": np.where(rng.random(n) < 1e-4, 1.0, 0.0)})  # no leaf may split it off
+    y = (rng.random(n) < 1 / (1 + np.exp(-(2 * x["a"] + x["b"] - 5)))).astype(int).to_numpy()
+    params = {**DEFAULT_PARAMS, "min_child_samples": 300, "random_state": 1, "verbose": -1}
+    rows = FeatureRows(x, list(x.columns))
+    assert len(list(rows.blocks())) == 5
+    booster = fit_booster(rows, y, None, None, params, rounds=20)
+    with forced_bins_file(x) as bins:
+        matrix = x.to_numpy(np.float32)
+        whole = lgb.train({**params, "metric": "average_precision", "forcedbins_filename": bins},
+                          lgb.Dataset(matrix, y, feature_name=list(x.columns)), num_boost_round=20)
+    trees = [b.model_to_string().split("\nparameters:")[0] for b in (booster, whole)]
+    assert trees[0] == trees[1] and "Tree=19" in trees[0]
+
+
+def test_weighted_trees_stop_on_the_validation_rows_read_in_blocks_as_on_one_matrix():
+    """With weighted training rows (thinned negatives), validation read a block at a time still
+    judges every iteration by its average precision: the trees kept are those kept when
+    LightGBM reads both periods as matrices."""
+    rng = np.random.default_rng(7)
+    n = 2 * FEATURE_BLOCK_ROWS
+    x = pd.DataFrame({"a": rng.normal(size=n), "b": rng.normal(size=n)})
+    y = (rng.random(n) < 1 / (1 + np.exp(-(2 * x["a"] - 4)))).astype(int).to_numpy()
+    weight = np.where(rng.random(n) < 0.5, 10.0, 1.0)
+    train, val = slice(0, n // 2), slice(n // 2, n)
+    params = {**DEFAULT_PARAMS, "min_child_samples": 50, "verbose": -1}
+    x_train, x_val = FeatureRows(x.iloc[train], ["a", "b"]), FeatureRows(x.iloc[val], ["a", "b"])
+    booster = fit_booster(x_train, y[train], x_val, y[val], params, weight=weight[train])
+    history: list[float] = []
+    with forced_bins_file(x.iloc[train]) as bins:
+        lgb.train({**params, "metric": "average_precision", "forcedbins_filename": bins},
+                  lgb.Dataset(x.iloc[train].to_numpy(np.float32), y[train], weight=weight[train]),
+                  num_boost_round=foreshock.models.train.MAX_ROUNDS,
+                  valid_sets=[lgb.Dataset(x.iloc[val].to_numpy(np.float32), y[val])],
+                  callbacks=[foreshock.models.train._stop_after(history)])
+    assert max(history) < 1.0
+    assert booster.current_iteration() == foreshock.models.train._best_iteration(history) > MIN_ROUNDS
 
 
 def test_trees_are_monotone_in_evidence_and_free_elsewhere():
