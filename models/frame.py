@@ -33,6 +33,7 @@ from foreshock.models.labels import label_rows
 __all__ = [
     "CACHE_DIR",
     "FeatureRows",
+    "KEEP_FEATURE_BYTES",
     "LabelledData",
     "LabelledStream",
     "TableOnDask",
@@ -51,6 +52,10 @@ Progress = Callable[[str, int, int], None]
 SCORE_BLOCK_ROWS = 1 << 16
 # FeatureRows' block of a frame's own features, and the batch LightGBM reads of any
 FEATURE_BLOCK_ROWS = 1 << 16
+# FeatureRows keeps every block it read from a table when all its rows' features fit in this:
+# LightGBM, the boosters and the prior read the same rows several times over, and a table day read
+# again costs more than a small period's features held. Past it, one day is held at a time.
+KEEP_FEATURE_BYTES = 256 << 20
 
 
 @dataclass
@@ -154,7 +159,8 @@ class FeatureRows(lgb.Sequence):
     copy of a frame's features. From a feature table a block is the rows of one table day, read
     when first asked for (the rows must be in the frame's order, as every part of a split is);
     otherwise it is :data:`FEATURE_BLOCK_ROWS` rows of the frame's own feature columns. Only the
-    block last read is kept."""
+    block last read is kept, or every block read from a table while all of them fit in
+    :data:`KEEP_FEATURE_BYTES`."""
 
     batch_size = FEATURE_BLOCK_ROWS
 
@@ -170,6 +176,8 @@ class FeatureRows(lgb.Sequence):
             edges = np.searchsorted(positions, [start for _, start, _ in data.days]).tolist()
         self.edges = sorted({0, *edges, len(rows)})
         self._held: tuple[int, int, np.ndarray] = (0, 0, np.empty((0, len(self.names)), dtype=np.float32))
+        fits = self.data is not None and len(rows) * len(self.names) * 4 <= KEEP_FEATURE_BYTES
+        self._kept: dict[int, np.ndarray] | None = {} if fits else None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -186,7 +194,10 @@ class FeatureRows(lgb.Sequence):
             i = bisect.bisect_right(self.edges, row) - 1
             lo, hi = self.edges[i], self.edges[i + 1]
             self._held = (lo, hi, np.empty((0, 0), dtype=np.float32))  # free the old block first
-            matrix = self._matrix(lo, hi)
+            kept = self._kept if self._kept is not None else {}
+            matrix = kept[lo] if lo in kept else self._matrix(lo, hi)
+            if self._kept is not None:
+                self._kept[lo] = matrix
             self._held = (lo, hi, matrix)
         return lo, hi, matrix
 

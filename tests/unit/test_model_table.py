@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 import foreshock.features.batch
+import foreshock.models.frame
 from foreshock.cli import app
 from foreshock.features import DEFAULT_FEATURE_SET as FS
 from foreshock.features.batch import compute_features
@@ -120,6 +121,21 @@ def test_feature_rows_read_a_table_day_at_a_time_in_the_frames_order(cluster, ta
     np.testing.assert_array_equal(got[first_day], want[first_day])
     with pytest.raises(ValueError, match="frame's order"):
         data.feature_rows(rows.iloc[::-1])
+
+
+@pytest.mark.parametrize("keep", [0, 1 << 30])
+def test_feature_rows_read_each_day_once_when_they_fit_else_hold_one(cluster, tables, monkeypatch, keep):
+    monkeypatch.setattr(foreshock.models.frame, "KEEP_FEATURE_BYTES", keep)
+    data = build_labelled(cluster.data_dir, HOUR, table=tables["cluster"])
+    reads = []
+    read = data.feature_matrix
+    monkeypatch.setattr(data, "feature_matrix", lambda rows: reads.append(len(rows)) or read(rows))
+    got = data.feature_rows(data.frame.iloc[::2])
+    first, second = [np.concatenate(list(got.blocks())) for _ in range(2)]
+    np.testing.assert_array_equal(first, second)
+    days = sum(stop > start for _, start, stop in data.days)
+    passes = 1 if keep else 2
+    assert len(reads) == passes * days and sum(reads) == passes * len(got)
 
 
 def test_dask_workers_read_the_rows_of_the_frame_by_their_place_in_the_table(cluster, tables):
