@@ -391,7 +391,9 @@ def test_an_audit_log_on_read_only_storage_before_acting_starts_paused_and_acts_
 
     remount(audit_fs, "rw")
     wait_for(lambda: drained(cluster) == ["node3"], 60, "the drain once the log takes writes", mitigator)
-    assert [r[1] for r in rows(audit, "action='drain'")] == ["planned", "started", "succeeded"]
+    # Slurm shows the drain before the mitigator has written that it succeeded
+    wait_for(lambda: [r[1] for r in rows(audit, "action='drain'")] == ["planned", "started", "succeeded"], 30,
+             "the drain's audit rows", mitigator)
     alert(kafka_bootstrap, "node1")
     wait_for(lambda: rows(audit, "node='node1' AND status='blocked'"), 30, "node1 held back", mitigator)
     assert drained(cluster) == ["node3"] and mitigator.readyz()[0] == 200
