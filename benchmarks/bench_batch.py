@@ -21,7 +21,11 @@ seed, against the stated tolerances.
 
     .venv/bin/python benchmarks/bench_batch.py            # 32-128 nodes, 2-8 days: ~4 minutes
     .venv/bin/python benchmarks/bench_batch.py --quick    # smoke run
-    .venv/bin/python benchmarks/bench_batch.py --full     # 2,048 nodes x 30 days: hours, the whole machine
+    .venv/bin/python benchmarks/bench_batch.py --full --workdir DIR   # 2,048 nodes x 30 days: hours
+
+Each stage's figures are written to ``DIR/NODESxDAYS-s1/stages.json`` as it ends; ``--resume`` keeps
+the stages already recorded there (their outputs in place) and runs only the rest, so that an
+hours-long run survives a stop between stages.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ from typing import Any
 SIZES = {"nodes": [(32, 2), (64, 2), (128, 2)], "days": [(32, 2), (32, 4), (32, 8)]}
 QUICK = {"nodes": [(16, 1), (32, 1)], "days": [(16, 1), (16, 2)]}
 FULL = {"full": [(2048, 30)]}
+STAGES = ("simulate", "features", "train", "evaluate")
+# --full trains with the far negatives thinned, as a fleet's month is trained (the tolerances below
+# bound what thinning changes)
+FULL_TRAIN_FLAGS = ("--negative-rate", "0.1")
 SIMULATE = ["--profile", "llama3", "--interval", "60s"]
 RATE = 60  # failure rate multiplier (--quick: 300, so that a day of 16 nodes fails in every period)
 KERNEL_NODES = 32
@@ -145,23 +153,58 @@ def _cli(command: str) -> Any:
     return app
 
 
-def measure_size(nodes: int, days: int, workdir: Path, seed: int = 1, rate: float = RATE) -> dict[str, Any]:
-    """simulate, features, train, evaluate at one size."""
+def measure_size(
+    nodes: int,
+    days: int,
+    workdir: Path,
+    seed: int = 1,
+    rate: float = RATE,
+    train_flags: tuple[str, ...] = (),
+    resume: bool = False,
+    until: str = "evaluate",
+) -> dict[str, Any] | None:
+    """simulate, features, train, evaluate at one size; each stage's figures go to
+    ``stages.json`` as it ends, and with ``resume`` the stages recorded there are not run again.
+    None when it stopped after ``until``, before evaluate."""
     from foreshock.features.table import FeatureTable
     from foreshock.features.timeslices import gpu_rows
 
     base = workdir / f"{nodes}x{days}-s{seed}"
     data, table, model, evaluation = (base / p for p in ("data", "table", "model", "evaluation"))
+    record = base / "stages.json"
     out: dict[str, Any] = {"nodes": nodes, "days": days, "data": str(data)}
-    out["simulate"] = _simulate(nodes, days, seed, rate, data, workdir)
-    out["simulate"]["rows"] = out["gpu_samples"] = gpu_rows(data)
-    out["features"] = _features(data, table, workdir)
-    out["features"]["rows"] = FeatureTable.open(table).rows
-    out["train"] = _train(data, table, model, workdir)
-    metrics = json.loads((model / "metrics.json").read_text())
-    out["train"]["rows"] = sum(v for k, v in metrics["_info"]["rows"].items() if k != "test_unseen_nodes")
-    out["evaluate"] = _evaluate(model, data, table, evaluation, workdir)
-    out["evaluate"]["rows"] = json.loads((evaluation / "metrics.json").read_text())["model"]["rows"]
+    if resume and record.exists():
+        out |= json.loads(record.read_text())
+
+    def stage(name: str, run: Any, rows: Any) -> bool:
+        """Run one stage unless it is recorded; False once ``until`` is done."""
+        if STAGES.index(name) > STAGES.index(until):
+            return False
+        if name in out:
+            print(f"  {nodes} x {days}: {name} kept from {record}", flush=True)
+            return True
+        out[name] = run()
+        out[name]["rows"] = rows()
+        base.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({k: v for k, v in out.items() if isinstance(v, dict)}))
+        print(f"  {nodes} x {days}: {name} {_fmt_stage(out[name])}", flush=True)
+        return True
+
+    stage("simulate", lambda: _simulate(nodes, days, seed, rate, data, workdir), lambda: gpu_rows(data))
+    stage("features", lambda: _features(data, table, workdir), lambda: FeatureTable.open(table).rows)
+
+    def trained_rows() -> int:
+        metrics = json.loads((model / "metrics.json").read_text())
+        return sum(v for k, v in metrics["_info"]["rows"].items() if k != "test_unseen_nodes")
+
+    stage("train", lambda: _train(data, table, model, workdir, *train_flags), trained_rows)
+    if not stage(
+        "evaluate",
+        lambda: _evaluate(model, data, table, evaluation, workdir),
+        lambda: json.loads((evaluation / "metrics.json").read_text())["model"]["rows"],
+    ):
+        return None
+    out["gpu_samples"] = out["simulate"]["rows"]
     return out
 
 
@@ -311,6 +354,10 @@ def main() -> None:
         "--workdir", type=Path, default=None, help="where datasets go (default: a temporary folder)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    parser.add_argument("--resume", action="store_true", help="keep the stages already recorded in --workdir")
+    parser.add_argument(
+        "--until", choices=STAGES, default="evaluate", help="stop after this stage (go on with --resume)"
+    )
     args = parser.parse_args()
     sizes = FULL if args.full else QUICK if args.quick else SIZES
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-batch-"))
@@ -321,7 +368,17 @@ def main() -> None:
     for name, points in sizes.items():
         for size in points:
             if size not in done:
-                done[size] = measure_size(*size, workdir, rate=300 if args.quick else RATE)
+                done[size] = measure_size(
+                    *size,
+                    workdir,
+                    rate=300 if args.quick else RATE,
+                    train_flags=FULL_TRAIN_FLAGS if args.full else (),
+                    resume=args.resume,
+                    until=args.until,
+                )
+                if done[size] is None:
+                    print(f"stopped after {args.until}; go on with --resume --workdir {workdir}")
+                    return
                 print(
                     f"  {size[0]} x {size[1]} done: "
                     + ", ".join(
