@@ -142,6 +142,20 @@ class BudgetChoice:
         }
 
 
+def _sorted_by_node_ts(frame: pd.DataFrame) -> bool:
+    """Whether ``frame`` is in (node, ts) order (a category column orders by its categories)."""
+    node = frame["node"]
+    if isinstance(node.dtype, pd.CategoricalDtype):
+        order = node.cat.codes.to_numpy()
+        if not node.cat.categories.is_monotonic_increasing:
+            return False
+    else:
+        order = node.to_numpy(dtype=object)
+    ts = frame["ts"].to_numpy()
+    after, same = order[1:] > order[:-1], order[1:] == order[:-1]
+    return bool(np.all(after | (same & (ts[1:] >= ts[:-1]))))
+
+
 @dataclass
 class EvalRows:
     """Labelled rows sorted by (node, ts), prepared once for many thresholds and predictors.
@@ -155,7 +169,10 @@ class EvalRows:
     clear_ms: int = ALERT_CLEAR_MS
 
     def __post_init__(self) -> None:
-        self.frame = self.frame.sort_values(["node", "ts"], kind="stable").reset_index(drop=True)
+        if not _sorted_by_node_ts(self.frame):  # a sort copies every row: a fleet's month is 85 M
+            self.frame = self.frame.sort_values(["node", "ts"], kind="stable")
+        if not self.frame.index.equals(pd.RangeIndex(len(self.frame))):
+            self.frame = self.frame.reset_index(drop=True)
         f = self.frame
         self._node = pd.factorize(f["node"])[0]
         self._ts = f["ts"].to_numpy(dtype=np.int64)
@@ -298,6 +315,7 @@ class EvalRows:
             "recall_by_detectability": self._recall_by(
                 caught,
                 self.failures["detectable"]
+                .astype("object")
                 .map({True: "detectable", False: "undetectable"})
                 .fillna("unknown"),
             ),

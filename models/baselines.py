@@ -14,6 +14,7 @@ balanced class weights), stored as plain numbers so it travels in JSON beside th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import pyarrow.parquet as pq
 from foreshock.features.buckets import counter_increases
 from foreshock.ingest.dataset import part_paths
 
-__all__ = ["CRITICAL_XIDS", "RULE_COLUMNS", "rule_inputs", "rule_scores", "LogisticBaseline"]
+__all__ = ["CRITICAL_XIDS", "RULE_COLUMNS", "RuleEvidence", "rule_inputs", "rule_scores", "LogisticBaseline"]
 
 # NVSentinel severity FATAL in reference/xid_catalog.csv (NVIDIA/NVSentinel xiderrorsmapping.csv).
 CRITICAL_XIDS = frozenset(
@@ -71,7 +72,8 @@ def _bucket(ts: np.ndarray, cadence_ms: int) -> np.ndarray:
 
 
 def _gpu_increments(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
-    """Per (node, bucket): increases of the uncorrectable and SBE counters, summed over GPUs.
+    """Per (node, bucket) with an increase: increases of the uncorrectable and SBE counters,
+    summed over GPUs (buckets with none are left out: they are nearly all of a fleet's rows).
 
     Reads the GPU table part by part (never all of it at once); the increases follow the feature
     engines' rule (:func:`foreshock.features.buckets.counter_increases`), each GPU's last value
@@ -105,6 +107,7 @@ def _gpu_increments(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
             )
             .groupby(["nid", "ts"], as_index=False)
             .sum()
+            .query("uncorrectable != 0 or sbe != 0")  # a window sum reads only the increases
         )
     if not out:
         return pd.DataFrame({"node": pd.Series(dtype=str), "ts": [], "uncorrectable": [], "sbe": []})
@@ -137,7 +140,7 @@ def _critical_xids(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
 
 def _window_sum(rows: pd.DataFrame, series: pd.DataFrame, column: str, window_ms: int) -> np.ndarray:
     """For each row (node, t): sum of ``series[column]`` over buckets in ``(t - window_ms, t]``."""
-    if series.empty:
+    if series.empty or rows.empty:
         return np.zeros(len(rows))
     nodes = pd.Index(pd.unique(pd.concat([rows["node"], series["node"]], ignore_index=True)))
     t0 = int(min(rows["ts"].min(), series["ts"].min())) - window_ms - 1
@@ -154,20 +157,37 @@ def _window_sum(rows: pd.DataFrame, series: pd.DataFrame, column: str, window_ms
     return csum[hi] - csum[lo]
 
 
+@dataclass(frozen=True)
+class RuleEvidence:
+    """What the rules read of a dataset's raw telemetry, read once (:meth:`read`): the buckets
+    with an increase of the uncorrectable or SBE counters, and the critical Xids. :meth:`of`
+    gives any rows their evidence, so a frame's rows can be given it a day at a time."""
+
+    gpu: pd.DataFrame  # node, ts (bucket), uncorrectable, sbe
+    xid: pd.DataFrame  # node, ts (bucket), critical
+    window_ms: int = 600_000
+
+    @classmethod
+    def read(cls, data_dir: str | Path, cadence_ms: int, window_ms: int = 600_000) -> RuleEvidence:
+        data_dir = Path(data_dir)
+        return cls(_gpu_increments(data_dir, cadence_ms), _critical_xids(data_dir, cadence_ms), window_ms)
+
+    def of(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """``rule_critical`` (critical Xids plus uncorrectable-ECC increases in the window) and
+        ``rule_sbe_per_min`` (single-bit ECC increase per minute over the window) of each row of
+        ``rows`` (node, ts), from raw telemetry at or before ts."""
+        w = self.window_ms
+        critical = _window_sum(rows, self.xid, "critical", w)
+        critical = critical + _window_sum(rows, self.gpu, "uncorrectable", w)
+        sbe = _window_sum(rows, self.gpu, "sbe", w) / (w / 60_000)
+        return pd.DataFrame({"rule_critical": critical, "rule_sbe_per_min": sbe}, index=rows.index)
+
+
 def rule_inputs(
     data_dir: str | Path, rows: pd.DataFrame, cadence_ms: int, window_ms: int = 600_000
 ) -> pd.DataFrame:
-    """The rules' evidence for each row of ``rows`` (node, ts), from raw telemetry at or before ts:
-    ``rule_critical`` (critical Xids plus uncorrectable-ECC increases in the window) and
-    ``rule_sbe_per_min`` (single-bit ECC increase per minute over the window)."""
-    data_dir = Path(data_dir)
-    gpu = _gpu_increments(data_dir, cadence_ms)
-    xid = _critical_xids(data_dir, cadence_ms)
-    critical = _window_sum(rows, xid, "critical", window_ms) + _window_sum(
-        rows, gpu, "uncorrectable", window_ms
-    )
-    sbe = _window_sum(rows, gpu, "sbe", window_ms) / (window_ms / 60_000)
-    return pd.DataFrame({"rule_critical": critical, "rule_sbe_per_min": sbe}, index=rows.index)
+    """The rules' evidence for each row of ``rows`` (node, ts): :meth:`RuleEvidence.of`."""
+    return RuleEvidence.read(data_dir, cadence_ms, window_ms).of(rows)
 
 
 def rule_scores(frame: pd.DataFrame) -> np.ndarray:

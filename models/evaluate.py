@@ -24,7 +24,15 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 from foreshock.models.alerting import EVAL_COLUMNS, EvalRows
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
-from foreshock.models.frame import LabelledData, LabelledStream, combined_fingerprint, open_labelled
+from foreshock.models.frame import (
+    LabelledData,
+    LabelledStream,
+    combined_fingerprint,
+    compact_rows,
+    concat_compact,
+    open_labelled,
+    scores_in_blocks,
+)
 
 __all__ = ["PREDICTORS", "predictor_metrics", "scores_of", "scorers_of", "thresholds_of", "budget_of",
            "clear_ms_of", "evaluate", "write_outputs"]
@@ -67,8 +75,9 @@ def scorers_of(model: RiskModel) -> dict[str, Callable[[pd.DataFrame], np.ndarra
 
 
 def scores_of(model: RiskModel, frame) -> dict[str, np.ndarray]:
-    """Scores of the model and of the baselines stored with it, for ``frame``'s rows."""
-    return {p: score(frame) for p, score in scorers_of(model).items()}
+    """Scores of the model and of the baselines stored with it, for ``frame``'s rows (a block of
+    rows at a time, :func:`~foreshock.models.frame.scores_in_blocks`)."""
+    return scores_in_blocks(frame, scorers_of(model))
 
 
 def thresholds_of(model: RiskModel) -> dict[str, float]:
@@ -143,7 +152,7 @@ def evaluate(
     cadences = {part.cadence_ms for part in parts}
     if len(cadences) > 1:
         raise ValueError(f"the datasets' rows come at different cadences: {sorted(cadences)} ms")
-    pool = pd.concat([part.frame for part in parts], ignore_index=True)
+    pool = concat_compact([part.frame for part in parts])
     rows = EvalRows(pool, cadences.pop(), clear_ms_of(model))
     scores = {p: rows.frame[p].to_numpy() for p in PREDICTORS}
     thresholds, budget = thresholds_of(model), budget_of(model)
@@ -206,14 +215,13 @@ def _score_dataset(
     kept: list[pd.DataFrame] = []
     sample = _Sample(SHAP_ROWS // pool_size)
     for i, chunk in enumerate(labelled.chunks(), start=1):
-        kept.append(chunk[[c for c in EVAL_COLUMNS if c in chunk]].assign(**scores_of(model, chunk)))
-        sample.add(chunk[model.feature_names])
+        scored = chunk[[c for c in EVAL_COLUMNS if c in chunk]].assign(**scores_of(model, chunk))
+        kept.append(compact_rows(scored))
+        sample.add(chunk, model.feature_names)
         del chunk
         if progress is not None:
             progress(f"evaluate: {name}", i, labelled.chunk_count)
-    frame = pd.concat(kept, ignore_index=True) if len(kept) > 1 else kept[0]
-    del kept
-    rows = EvalRows(frame, labelled.cadence_ms, clear_ms_of(model))
+    rows = EvalRows(concat_compact(kept), labelled.cadence_ms, clear_ms_of(model))
     scores = {p: rows.frame[p].to_numpy() for p in PREDICTORS}
     thresholds, budget = thresholds_of(model), budget_of(model)
     metrics = (
@@ -222,8 +230,8 @@ def _score_dataset(
         else {}
     )
     kept_rows = rows.frame
-    if per_dataset:
-        kept_rows = kept_rows.assign(node=name + "/" + kept_rows["node"])
+    if per_dataset:  # the same order: every node gets the same prefix
+        kept_rows = kept_rows.assign(node=kept_rows["node"].cat.rename_categories(lambda n: f"{name}/{n}"))
     manifest = {k: labelled.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")}
     info = {"name": name, **manifest, "fingerprint": labelled.fingerprint}
     return _Scored(kept_rows, rows.cadence_ms, sample.rows(), metrics, info)
@@ -239,11 +247,21 @@ class _Sample:
         self._rows: pd.DataFrame | None = None
         self._keys = np.empty(0)
 
-    def add(self, frame: pd.DataFrame) -> None:
+    def add(self, frame: pd.DataFrame, columns: list[str]) -> None:
+        """Draw from ``frame``'s rows (only ``columns`` of them are kept); only the rows drawn
+        are copied, not a day's features."""
+        held = len(self._keys)
         keys = np.concatenate([self._keys, self._rng.random(len(frame))])
-        both = frame if self._rows is None else pd.concat([self._rows, frame])
         keep = np.argsort(keys, kind="stable")[: self.size]
-        self._rows, self._keys = both.iloc[keep], keys[keep]
+        new = frame.iloc[keep[keep >= held] - held][columns]
+        if self._rows is None:
+            self._rows = new
+        else:  # the rows kept, in the order of their keys, as if both frames were one
+            old = keep < held
+            at = np.empty(len(keep), dtype=np.int64)
+            at[old], at[~old] = np.arange(old.sum()), old.sum() + np.arange((~old).sum())
+            self._rows = pd.concat([self._rows.iloc[keep[old]], new]).iloc[at]
+        self._keys = keys[keep]
 
     def rows(self) -> pd.DataFrame:
         return self._rows if self._rows is not None else pd.DataFrame()

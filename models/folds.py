@@ -81,10 +81,14 @@ def time_folds(train: pd.DataFrame, val: pd.DataFrame, folds: int = FOLDS) -> li
     return [*blocks, Fold(folds - 1, int(val["ts"].min()), int(val["ts"].max()) + 1, "model")]
 
 
-def fold_training_rows(history: pd.DataFrame, fold: Fold, horizon_ms: int) -> pd.DataFrame:
-    """``history``'s rows outside the fold and its purge gaps, ``[start - H, end + H)``."""
+def fold_training_rows(
+    history: pd.DataFrame, fold: Fold, horizon_ms: int, columns: Sequence[str] | None = None
+) -> pd.DataFrame:
+    """``history``'s rows outside the fold and its purge gaps, ``[start - H, end + H)`` (only
+    ``columns`` of them, when given)."""
     ts = history["ts"].to_numpy(dtype=np.int64)
-    return history.loc[(ts < fold.start_ms - horizon_ms) | (ts >= fold.end_ms + horizon_ms)]
+    outside = (ts < fold.start_ms - horizon_ms) | (ts >= fold.end_ms + horizon_ms)
+    return history.loc[outside] if columns is None else history.loc[outside, list(columns)]
 
 
 def out_of_fold(
@@ -105,10 +109,9 @@ def out_of_fold(
     ``fit_fold(training_rows, block_rows)`` fits the fold models and returns their scores on
     ``block_rows`` (in its row order). ``training_columns``: the only columns ``fit_fold`` reads
     of its training rows (default: all); the rows it trains on are nearly every row of ``train``
-    and ``val``, and each fold takes a copy of them."""
+    and ``val``, and each fold takes a copy of those columns of them."""
     plan = time_folds(train, val, folds)
-    cols = list(train.columns if training_columns is None else training_columns)
-    history = pd.concat([train[cols], val[cols]]) if folds > 1 else val[cols]
+    periods = (train, val)
     out: list[ScoredFold] = []
     for fold in plan:
         if fold.scored_by == "model":
@@ -116,7 +119,9 @@ def out_of_fold(
         else:
             ts = train["ts"].to_numpy(dtype=np.int64)
             block = train.loc[(ts >= fold.start_ms) & (ts < fold.end_ms)]
-            scores = fit_fold(fold_training_rows(history, fold, horizon_ms), block)
+            history = pd.concat([fold_training_rows(p, fold, horizon_ms, training_columns) for p in periods])
+            scores = fit_fold(history, block)
+            del history
         kept = block[[c for c in EVAL_COLUMNS if c in block]].assign(
             node=_prefixed(block["node"], f"{fold.index}/"), **{f"_score_{p}": s for p, s in scores.items()}
         )

@@ -27,7 +27,7 @@ import pandas as pd
 
 from foreshock.features.table import FeatureTable, FeatureTableError, TableIdentity
 from foreshock.ingest.dataset import read_events, read_manifest
-from foreshock.models.baselines import rule_inputs
+from foreshock.models.baselines import RULE_COLUMNS, RuleEvidence, rule_inputs
 from foreshock.models.labels import label_rows
 
 __all__ = [
@@ -39,6 +39,9 @@ __all__ = [
     "TableOnDask",
     "build_labelled",
     "combined_fingerprint",
+    "compact_rows",
+    "concat_compact",
+    "scores_in_blocks",
     "dataset_fingerprint",
     "feature_set_identity",
     "feature_table",
@@ -129,9 +132,8 @@ class LabelledData:
         self, rows: pd.DataFrame, scorers: Mapping[str, Callable[[pd.DataFrame], np.ndarray]]
     ) -> dict[str, np.ndarray]:
         """Each scorer's per-row scores of ``rows`` (rows of :attr:`frame`), in ``rows``' order;
-        the features of one table day in memory at a time, handed to the scorers
-        :data:`SCORE_BLOCK_ROWS` rows at a time (a scorer's float64 copies of a whole day would be
-        gigabytes at a fleet's size). Every scorer scores row by row."""
+        the features of one table day in memory at a time, handed to the scorers a block at a
+        time (:func:`scores_in_blocks`). Every scorer scores row by row."""
         in_frame = self._in_frame(rows)
         if in_frame:
             days = [np.arange(len(rows))]
@@ -142,14 +144,24 @@ class LabelledData:
         out: dict[str, np.ndarray] = {}
         for at in days:
             chunk = rows if in_frame else self.with_features(rows.iloc[at])
-            for i in range(0, max(len(at), 1), SCORE_BLOCK_ROWS):
-                block = chunk.iloc[i : i + SCORE_BLOCK_ROWS]
-                for name, score in scorers.items():
-                    got = np.asarray(score(block))
-                    if name not in out:
-                        out[name] = np.empty(len(rows), dtype=got.dtype)
-                    out[name][at[i : i + SCORE_BLOCK_ROWS]] = got
+            for name, got in scores_in_blocks(chunk, scorers).items():
+                if name not in out:
+                    out[name] = np.empty(len(rows), dtype=got.dtype)
+                out[name][at] = got
         return out
+
+
+def scores_in_blocks(
+    rows: pd.DataFrame, scorers: Mapping[str, Callable[[pd.DataFrame], np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """Each scorer's per-row scores of ``rows``, handed to it :data:`SCORE_BLOCK_ROWS` rows at a
+    time: a scorer's float64 copy of a table day's features is gigabytes at a fleet's size."""
+    got: dict[str, list[np.ndarray]] = {name: [] for name in scorers}
+    for i in range(0, max(len(rows), 1), SCORE_BLOCK_ROWS):
+        block = rows.iloc[i : i + SCORE_BLOCK_ROWS]
+        for name, score in scorers.items():
+            got[name].append(np.asarray(score(block)))
+    return {name: np.concatenate(parts) for name, parts in got.items()}
 
 
 class FeatureRows(lgb.Sequence):
@@ -317,15 +329,15 @@ class LabelledStream:
     """A dataset's labelled rows, read from its feature table a day at a time (:meth:`chunks`):
     the same rows, in the same order, with the same columns as :func:`build_labelled`'s frame.
 
-    The rule evidence of every row is computed once, from one pass over the raw telemetry, on
-    the first :meth:`chunks`; it is two numbers a row, against the hundred features a day holds."""
+    What the rules read of the raw telemetry is read once, in one pass, and gives each day's rows
+    their evidence (:class:`~foreshock.models.baselines.RuleEvidence`)."""
 
     data_dir: Path
     table: FeatureTable
     horizon_ms: int
     manifest: dict[str, Any]
     fingerprint: str
-    _rules: pd.DataFrame | None = field(default=None, repr=False)
+    _evidence: RuleEvidence | None = field(default=None, repr=False)
 
     @property
     def feature_names(self) -> list[str]:
@@ -343,46 +355,79 @@ class LabelledStream:
     def chunk_count(self) -> int:
         return len(self.table.days)
 
-    def _label(self, day: pd.DataFrame, events: pd.DataFrame, names: list[str]) -> pd.DataFrame:
-        return _labelled_rows(day, names, events, self.horizon_ms, int(self.manifest["end_ms"]))
+    def _keys(self, day: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+        """A table day's rows (node, ts) labelled, each with its place in the day (``_src``)."""
+        rows = pd.DataFrame({"node": day["node"].astype(str).to_numpy(),
+                             "ts": day["ts"].to_numpy(dtype=np.int64),
+                             "_src": np.arange(len(day), dtype=np.int32)})
+        return label_rows(rows, events, self.horizon_ms, end_ms=int(self.manifest["end_ms"]))
+
+    def _rule_evidence(self) -> RuleEvidence:
+        if self._evidence is None:
+            self._evidence = RuleEvidence.read(self.data_dir, self.cadence_ms)
+        return self._evidence
 
     def rows_without_features(
         self, progress: Progress | None = None
     ) -> tuple[pd.DataFrame, list[tuple[int, int, int]]]:
         """Every labelled row with its rule evidence and its place in its table day (``_src``),
-        no feature; and per table day, its (day, first row, end) in that frame."""
+        no feature, in compact dtypes (:func:`compact_rows`); and per table day, its (day, first row,
+        end) in that frame."""
         events = read_events(self.data_dir)
-        end_ms = int(self.manifest["end_ms"])
+        evidence = self._rule_evidence()
         keys, days, at = [], [], 0
         read = zip(self.table.days, self.table.iter_days(["node", "ts"]), strict=True)
         for i, (day, rows) in enumerate(read):
-            rows = pd.DataFrame({"node": rows["node"].astype(str).to_numpy(),
-                                 "ts": rows["ts"].to_numpy(dtype=np.int64),
-                                 "_src": np.arange(len(rows), dtype=np.int64)})
-            keys.append(label_rows(rows, events, self.horizon_ms, end_ms=end_ms))
-            days.append((day, at, at + len(keys[-1])))
-            at += len(keys[-1])
+            labelled = self._keys(rows, events)
+            keys.append(compact_rows(pd.concat([labelled, evidence.of(labelled)], axis=1)))
+            days.append((day, at, at + len(labelled)))
+            at += len(labelled)
             if progress is not None:
                 progress("labelling the feature table's rows", i + 1, self.chunk_count)
-        frame = pd.concat(keys, ignore_index=True) if keys else pd.DataFrame(columns=["node", "ts", "_src"])
-        del keys
-        if self._rules is None:
-            self._rules = rule_inputs(self.data_dir, frame, self.cadence_ms)
-        return pd.concat([frame, self._rules.set_axis(frame.index)], axis=1), days
+        if not keys:
+            return pd.DataFrame(columns=["node", "ts", "_src", *RULE_COLUMNS]), days
+        return concat_compact(keys), days
 
     def chunks(self) -> Iterator[pd.DataFrame]:
         """Each day's labelled rows with their rule evidence, in time order."""
-        if self._rules is None:
-            self.rows_without_features()  # computes the rule evidence of every row
-        assert self._rules is not None
+        evidence = self._rule_evidence()
         events = read_events(self.data_dir)
-        at = 0
+        names = self.feature_names
         for day in self.table.iter_days():
-            frame = self._label(day, events, self.feature_names)
+            keys = self._keys(day, events)
+            src = keys.pop("_src").to_numpy()
+            values = np.empty((len(keys), len(names)), dtype=np.float32)
+            for j, name in enumerate(names):  # only the labelled rows' features, a column at a time
+                values[:, j] = day[name].to_numpy(dtype=np.float32, na_value=np.nan)[src]
             del day
-            rules = self._rules.iloc[at : at + len(frame)].set_axis(frame.index)
-            at += len(frame)
-            yield pd.concat([frame, rules], axis=1)
+            features = pd.DataFrame(values, columns=names, copy=False)
+            parts = [keys[["node", "ts"]], features, keys.drop(columns=["node", "ts"]), evidence.of(keys)]
+            yield pd.concat(parts, axis=1, copy=False)
+
+
+# labelled columns held as categories in a frame of every row (a fleet's month is 85 M rows):
+# 1 or 2 bytes a row instead of an 8-byte pointer
+CATEGORY_COLUMNS = ("node", "cause", "detectable")
+
+
+def compact_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with those of :data:`CATEGORY_COLUMNS` it has as categories (sorted: a category
+    column sorts as its values do)."""
+    present = [c for c in CATEGORY_COLUMNS if c in rows.columns]
+    return rows.assign(**{c: pd.Categorical(rows[c].to_numpy(dtype=object)) for c in present})
+
+
+def concat_compact(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """:func:`compact_rows` frames as one, their category columns on the union of their
+    categories (a concat of categories that differ would fall back to objects). Empties
+    ``frames``."""
+    present = [c for c in CATEGORY_COLUMNS if c in frames[0].columns]
+    union = {c: sorted(set().union(*(f[c].cat.categories for f in frames))) for c in present}
+    for i, f in enumerate(frames):
+        frames[i] = f.assign(**{c: f[c].cat.set_categories(union[c]) for c in present})
+    out = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    frames.clear()
+    return out
 
 
 def open_labelled(

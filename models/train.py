@@ -519,12 +519,15 @@ def platt_calibration(margin: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def _subsample(frame: pd.DataFrame, negatives_per_positive: float, seed: int) -> pd.DataFrame:
-    pos = frame[frame["label"] == 1]
-    neg = frame[frame["label"] == 0]
+    """Every positive and a seeded draw of ``negatives_per_positive`` negatives per positive, in
+    (node, ts) order. Draws positions, not rows: the negatives are nearly every row of a frame."""
+    label = frame["label"].to_numpy()
+    pos, neg = np.flatnonzero(label == 1), np.flatnonzero(label == 0)
     if len(neg) <= negatives_per_positive * len(pos):
         return frame
     n = int(negatives_per_positive * len(pos))
-    return pd.concat([pos, neg.sample(n, random_state=seed)]).sort_values(["node", "ts"], kind="stable")
+    drawn = pd.Series(neg).sample(n, random_state=seed).to_numpy()  # DataFrame.sample's draw
+    return frame.iloc[np.concatenate([pos, drawn])].sort_values(["node", "ts"], kind="stable")
 
 
 def censor_before_failures(frame: pd.DataFrame, censor_ms: int) -> pd.DataFrame:
@@ -572,11 +575,17 @@ def booster_rows(
     train: pd.DataFrame, *, censor_ms: int, negatives_per_positive: float, negative_rate: float, seed: int
 ) -> pd.DataFrame:
     """The rows the trees are fitted on: censored (:func:`censor_before_failures`), subsampled to
-    ``negatives_per_positive``, far negatives thinned to ``negative_rate`` (:func:`thin_far_negatives`)."""
-    rows = _subsample(censor_before_failures(train, censor_ms), negatives_per_positive, seed)
+    ``negatives_per_positive``, far negatives thinned to ``negative_rate`` (:func:`thin_far_negatives`).
+    Without a subsample the thinning comes first: it keeps the same rows (each row's fate is its
+    own), and the censored copy is then of the few rows kept, not of every training row."""
+    if math.isinf(negatives_per_positive):
+        rows = censor_before_failures(thin_far_negatives(train, negative_rate, seed), censor_ms)
+    else:
+        rows = _subsample(censor_before_failures(train, censor_ms), negatives_per_positive, seed)
+        rows = thin_far_negatives(rows, negative_rate, seed)
     if not rows.index.is_monotonic_increasing:  # FeatureRows reads a table in the frame's order
         rows = rows.sort_index(kind="stable")
-    return thin_far_negatives(rows, negative_rate, seed)
+    return rows
 
 
 def _represented(rows: pd.DataFrame) -> int:

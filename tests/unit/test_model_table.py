@@ -20,7 +20,7 @@ from foreshock.features.batch import compute_features
 from foreshock.features.table import FeatureTableError
 from foreshock.models.artifact import RiskModel
 from foreshock.models.evaluate import evaluate
-from foreshock.models.frame import CACHE_DIR, TableOnDask, build_labelled, feature_table
+from foreshock.models.frame import CACHE_DIR, CATEGORY_COLUMNS, TableOnDask, build_labelled, feature_table
 from foreshock.models.train import FAR_FROM_FAILURE_MS, WEIGHT, thin_far_negatives, train_from_dataset
 from tests.fixtures.model_data import make_synthetic_cluster
 
@@ -103,6 +103,17 @@ def test_from_a_table_the_frame_holds_no_feature_and_any_rows_read_theirs(cluste
     scored = data.scores(rows, scorers)
     np.testing.assert_array_equal(scored["first"], want[names[0]].to_numpy())
     assert scored["rows"].max() < len(rows)  # a day at a time, never every row at once
+
+
+def test_from_a_table_the_frame_is_compact_and_holds_the_in_memory_labels_and_evidence(cluster, tables):
+    frame = build_labelled(cluster.data_dir, HOUR, table=tables["cluster"]).frame
+    in_memory = build_labelled(cluster.data_dir, HOUR, features=compute_features(cluster.data_dir),
+                               feature_set=FS).frame
+    assert all(isinstance(frame[c].dtype, pd.CategoricalDtype) for c in CATEGORY_COLUMNS)
+    assert frame["_src"].dtype == np.int32 and frame["cause"].notna().any()
+    columns = [c for c in frame.columns if c != "_src"]
+    got = frame[columns].astype({c: object for c in CATEGORY_COLUMNS})
+    pd.testing.assert_frame_equal(got, in_memory[columns])
 
 
 def test_feature_rows_read_a_table_day_at_a_time_in_the_frames_order(cluster, tables):
