@@ -220,6 +220,8 @@ def test_a_drain_during_a_controller_outage_is_retried_when_it_is_back_and_the_l
     time.sleep(6)
     cluster.start_controller()
     wait_for(lambda: drained(cluster) == ["node2"], 90, "the drain once slurmctld is back", mitigator)
+    # Slurm shows the drain before the mitigator has written that it succeeded
+    wait_for(lambda: rows(audit, "action='drain'")[-1][1] == "succeeded", 30, "its outcome", mitigator)
     trail = rows(audit, "action='drain'")
     assert len({r[3] for r in trail}) == 1  # one action, driven to its end
     assert [r[1] for r in trail][-2:] == ["started", "succeeded"]
@@ -424,6 +426,8 @@ def test_an_audit_log_on_read_only_storage_after_a_crash_mid_action_starts_pause
     wait_for(lambda: second.readyz()[0] == 200, 30, "ready once the log takes writes", second)
     wait_for(lambda: drained(cluster) == ["node3"], 60, "the resumed drain", second)
     wait_for(lambda: rows(audit, "node='node1' AND status='blocked'"), 30, "node1 held back", second)
+    wait_for(lambda: rows(audit, "action='drain' AND node='node3'")[-1][1] == "succeeded", 30,
+             "the resumed drain's outcome", second)
     trail = [r[1] for r in rows(audit, "action='drain' AND node='node3'")]
     assert trail[:2] == ["planned", "started"] and trail[-3:] == ["abandoned", "started", "succeeded"]
     assert drained(cluster) == ["node3"]  # the breaker's one drain, restart or not

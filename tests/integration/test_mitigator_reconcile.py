@@ -78,6 +78,9 @@ def test_slurm_nodes_changed_by_hand_at_runtime_are_reconciled(kafka_bootstrap, 
     bus.flush()
     bus.close()
     wait_for(lambda: drained(cluster) == [], 30, "node2 back in service on repair", mitigator)
+    # Slurm shows the node back before the mitigator has written that the undrain succeeded
+    wait_for(lambda: rows(audit, "node='node2' AND action='undrain' AND status='succeeded'"), 30,
+             "the undrain's outcome", mitigator)
     [undrain] = rows(audit, "node='node2' AND action='undrain' AND status='succeeded'")
     assert undrain[4] == "foreshock: node repaired"
     assert len(rows(audit, OBSERVED_ROWS)) == 2
