@@ -166,7 +166,9 @@ def test_serve_running_dead_letters_every_kind_of_poison_and_scores_as_without_i
     bus.close()
     got = wait_for("every risk record", lambda: complete(scores.since(scores_mark), expected), timeout=180,
                    explain=serve.describe)
-    assert by_key(got) == expected  # every node, the poisoned keys' nodes included
+    # every node, the poisoned keys' nodes included; records reach a loaded serve in other polls than
+    # the in-process reference, and the window sums add them in another order (a float32 ulp at most)
+    assert by_key(got) == pytest.approx(expected, rel=1e-6)
     found = wait_for("every dead letter", lambda: (d := letters.since(letters_mark)) and len(d) >= len(poison)
                      and d, timeout=30, explain=serve.describe)
     assert len(found) == len(poison)
