@@ -50,7 +50,7 @@ import pandas as pd
 
 __all__ = ["EvalRows", "EVAL_COLUMNS", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES", "AFTER_RETURN_MS",
            "WARNING_MINUTES", "BUDGET_CONFIDENCE", "BudgetChoice", "episode_starts", "median_interval",
-           "most_within", "poisson_upper_bound"]
+           "most_within", "poisson_upper_bound", "sorted_by_node_ts"]
 
 DAY_MS = 86_400_000
 ALERT_CLEAR_MS = 30 * 60_000
@@ -142,7 +142,7 @@ class BudgetChoice:
         }
 
 
-def _sorted_by_node_ts(frame: pd.DataFrame) -> bool:
+def sorted_by_node_ts(frame: pd.DataFrame) -> bool:
     """Whether ``frame`` is in (node, ts) order (a category column orders by its categories)."""
     node = frame["node"]
     if isinstance(node.dtype, pd.CategoricalDtype):
@@ -169,18 +169,19 @@ class EvalRows:
     clear_ms: int = ALERT_CLEAR_MS
 
     def __post_init__(self) -> None:
-        if not _sorted_by_node_ts(self.frame):  # a sort copies every row: a fleet's month is 85 M
+        if not sorted_by_node_ts(self.frame):  # a sort copies every row: a fleet's month is 85 M
             self.frame = self.frame.sort_values(["node", "ts"], kind="stable")
         if not self.frame.index.equals(pd.RangeIndex(len(self.frame))):
             self.frame = self.frame.reset_index(drop=True)
         f = self.frame
-        self._node = pd.factorize(f["node"])[0]
+        node = pd.factorize(f["node"])[0]
         self._ts = f["ts"].to_numpy(dtype=np.int64)
         self.label = f["label"].to_numpy(dtype=np.int8)
         contiguous = np.ones(len(f), dtype=bool)
         contiguous[0:1] = False
-        contiguous[1:] = (self._node[1:] == self._node[:-1]) & (np.diff(self._ts) <= 1.5 * self.cadence_ms)
-        self._stretch = np.cumsum(~contiguous)
+        contiguous[1:] = (node[1:] == node[:-1]) & (np.diff(self._ts) <= 1.5 * self.cadence_ms)
+        del node
+        self._stretch = np.cumsum(~contiguous, dtype=np.int32)
         pos = f.loc[self.label == 1, ["node", "failure_ts", "cause", "detectable"]]
         self.failures = pos.drop_duplicates(["node", "failure_ts"]).reset_index(drop=True)
         key = pd.MultiIndex.from_frame(self.failures[["node", "failure_ts"]])

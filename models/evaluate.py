@@ -142,18 +142,21 @@ def evaluate(
     cadence_ms = cadence_ms or int(model.metrics.get("training", {}).get("cadence_ms", 60_000))
     pooled = len(names) > 1
     parts: list[_Scored] = []
+    frames: list[pd.DataFrame] = []
     for i, (name, data_dir) in enumerate(zip(names, data_dirs, strict=True)):
         labelled = data[i] if data is not None else open_labelled(
             data_dir, model.horizon_minutes * 60_000, cadence_ms, feature_set,
             table=tables[i] if tables is not None else None, dask_address=dask_address, progress=progress,
         )
-        parts.append(_score_dataset(model, name, labelled, pool_size=len(names), progress=progress))
+        frame, part = _score_dataset(model, name, labelled, pool_size=len(names), progress=progress)
+        frames.append(frame)
+        parts.append(part)
+        del frame
         del labelled  # one dataset's features at a time
     cadences = {part.cadence_ms for part in parts}
     if len(cadences) > 1:
         raise ValueError(f"the datasets' rows come at different cadences: {sorted(cadences)} ms")
-    pool = concat_compact([part.frame for part in parts])
-    rows = EvalRows(pool, cadences.pop(), clear_ms_of(model))
+    rows = EvalRows(concat_compact(frames, by_node_ts=True), cadences.pop(), clear_ms_of(model))
     scores = {p: rows.frame[p].to_numpy() for p in PREDICTORS}
     thresholds, budget = thresholds_of(model), budget_of(model)
     metrics: dict[str, Any] = {
@@ -184,11 +187,9 @@ def evaluate(
 
 @dataclass
 class _Scored:
-    """One dataset of an evaluation, its features dropped: the columns ``EvalRows`` reads with each
-    predictor's score beside them (nodes prefixed with the dataset's name when pooled), a sample of
-    feature rows for the SHAP plot, and, when pooled, its own metrics."""
+    """One dataset of an evaluation besides its scored rows: a sample of feature rows for the SHAP
+    plot and, when pooled, its own metrics."""
 
-    frame: pd.DataFrame
     cadence_ms: int
     shap_rows: pd.DataFrame
     metrics: dict[str, Any]
@@ -201,9 +202,11 @@ def _score_dataset(
     labelled: LabelledData | LabelledStream,
     pool_size: int,
     progress: Callable[[str, int, int], None] | None = None,
-) -> _Scored:
+) -> tuple[pd.DataFrame, _Scored]:
     """Score one dataset, a chunk (a day of its feature table) at a time, and keep what the pool
-    needs; its share of the SHAP sample is ``SHAP_ROWS / pool_size`` rows, drawn from every chunk."""
+    needs: the columns ``EvalRows`` reads with each predictor's score beside them, in (node, ts)
+    order (nodes prefixed with the dataset's name when pooled), and the rest; its share of the
+    SHAP sample is ``SHAP_ROWS / pool_size`` rows, drawn from every chunk."""
     from foreshock.models.plots import SHAP_ROWS
 
     per_dataset = pool_size > 1
@@ -221,7 +224,7 @@ def _score_dataset(
         del chunk
         if progress is not None:
             progress(f"evaluate: {name}", i, labelled.chunk_count)
-    rows = EvalRows(concat_compact(kept), labelled.cadence_ms, clear_ms_of(model))
+    rows = EvalRows(concat_compact(kept, by_node_ts=True), labelled.cadence_ms, clear_ms_of(model))
     scores = {p: rows.frame[p].to_numpy() for p in PREDICTORS}
     thresholds, budget = thresholds_of(model), budget_of(model)
     metrics = (
@@ -231,10 +234,10 @@ def _score_dataset(
     )
     kept_rows = rows.frame
     if per_dataset:  # the same order: every node gets the same prefix
-        kept_rows = kept_rows.assign(node=kept_rows["node"].cat.rename_categories(lambda n: f"{name}/{n}"))
+        kept_rows["node"] = kept_rows["node"].cat.rename_categories(lambda n: f"{name}/{n}")
     manifest = {k: labelled.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")}
     info = {"name": name, **manifest, "fingerprint": labelled.fingerprint}
-    return _Scored(kept_rows, rows.cadence_ms, sample.rows(), metrics, info)
+    return kept_rows, _Scored(rows.cadence_ms, sample.rows(), metrics, info)
 
 
 class _Sample:

@@ -39,6 +39,23 @@ def shap_importance(model: RiskModel, frame, max_rows: int = SHAP_ROWS, seed: in
     return dict(zip(model.feature_names, (float(c) for c in contrib), strict=True))
 
 
+def _on_pixels(x: np.ndarray, y: np.ndarray, pixels: int = 2_000) -> tuple[np.ndarray, np.ndarray]:
+    """The points of a curve over [0, 1] in ``x`` (ordered in ``x``) that a plot ``pixels`` wide
+    draws: in each column its first and last point and the first at its lowest and highest ``y``
+    (min-max decimation), at most four a column. A curve over every distinct score of a fleet's
+    month has tens of millions of points, and matplotlib keeps several copies of each."""
+    column = np.round(x * pixels)
+    starts = np.flatnonzero(np.r_[True, column[1:] != column[:-1]])
+    ends = np.r_[starts[1:], len(x)] - 1
+    of = np.repeat(np.arange(len(starts)), ends - starts + 1)
+    keep = np.zeros(len(x), dtype=bool)
+    keep[starts] = keep[ends] = True
+    for extreme in (np.minimum, np.maximum):
+        at = np.flatnonzero(y == extreme.reduceat(y, starts)[of])
+        keep[at[np.r_[True, of[at][1:] != of[at][:-1]]]] = True
+    return x[keep], y[keep]
+
+
 def _barh(path: Path, values: dict[str, float], title: str, xlabel: str) -> Path:
     top = sorted(values.items(), key=lambda kv: kv[1], reverse=True)[:_TOP][::-1]
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(top) + 1.5))
@@ -67,6 +84,7 @@ def write_plots(
         for name, score in scores.items():
             precision, recall, _ = precision_recall_curve(rows.label, score)
             ap = metrics[name].get("pr_auc")
+            recall, precision = _on_pixels(recall, precision)
             ax.step(recall, precision, where="post", label=f"{name} (PR-AUC {ap:.3f})")
         ax.axhline(rows.label.mean(), color="grey", linestyle=":", label="base rate")
     ax.set_xlabel("recall (rows)")

@@ -226,3 +226,33 @@ def test_a_cache_that_cannot_be_written_is_a_clear_error(tmp_path):
     (small.data_dir / CACHE_DIR).write_text("not a folder")
     with pytest.raises(FeatureTableError, match="cannot write the feature cache .* pass it with --features"):
         feature_table(small.data_dir)
+
+
+def test_compact_frames_join_a_column_at_a_time_into_the_sorted_concat():
+    """Days of rows join in (node, ts) order, categories on their union (a day whose causes are
+    all missing has categories of another dtype), each column in memory of its own: the join
+    frees a day's column once it is copied."""
+    rng = np.random.default_rng(0)
+
+    def day(start: int, nodes: list[str], causes: list) -> pd.DataFrame:
+        n = len(nodes)
+        return pd.DataFrame({
+            "node": nodes, "ts": start + np.arange(n) * 60_000, "cause": causes,
+            "score": rng.random(n), "logistic": rng.random(n),
+            "returned_ts": pd.array([None] * (n - 1) + [start], dtype="Int64"),
+        })
+
+    days = [day(0, ["n2", "n1", "n2"], ["hbm", None, "hbm"]), day(10**7, ["n3", "n1"], [None, None])]
+    expected = pd.concat(days, ignore_index=True).sort_values(["node", "ts"], kind="stable")
+    frames = [foreshock.models.frame.compact_rows(d) for d in days]
+    assert all(f._mgr.nblocks == f.shape[1] for f in frames)
+    joined = foreshock.models.frame.concat_compact(frames, by_node_ts=True)
+    assert frames == []
+    assert list(joined["node"].cat.categories) == ["n1", "n2", "n3"]
+    assert list(joined["cause"].cat.categories) == ["hbm"]
+    pd.testing.assert_frame_equal(
+        joined.astype({"node": str, "cause": object}).fillna({"cause": "-"}),
+        expected.reset_index(drop=True).fillna({"cause": "-"}),
+    )
+    unsorted = foreshock.models.frame.concat_compact([foreshock.models.frame.compact_rows(d) for d in days])
+    assert list(unsorted["node"]) == ["n2", "n1", "n2", "n3", "n1"]
