@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from foreshock.models.alerting import EVAL_COLUMNS, BudgetChoice, EvalRows
+from foreshock.models.frame import compact_rows, concat_compact
 
 __all__ = ["FOLDS", "Fold", "ScoredFold", "time_folds", "fold_training_rows", "out_of_fold",
            "choose_thresholds"]
@@ -122,10 +123,10 @@ def out_of_fold(
             history = pd.concat([fold_training_rows(p, fold, horizon_ms, training_columns) for p in periods])
             scores = fit_fold(history, block)
             del history
-        kept = block[[c for c in EVAL_COLUMNS if c in block]].assign(
+        kept = compact_rows(block[[c for c in EVAL_COLUMNS if c in block]].assign(
             node=_prefixed(block["node"], f"{fold.index}/"), **{f"_score_{p}": s for p, s in scores.items()}
-        )
-        rows = EvalRows(kept, cadence_ms, clear_ms)
+        ))
+        rows = EvalRows(concat_compact([kept], by_node_ts=True), cadence_ms, clear_ms)
         out.append(ScoredFold(fold, rows, {p: rows.frame[f"_score_{p}"].to_numpy() for p in scores}))
     return out
 
@@ -139,9 +140,10 @@ def _prefixed(nodes: pd.Series, prefix: str) -> np.ndarray:
 def choose_thresholds(
     scored: list[ScoredFold], budget_per_1000_node_days: float, confidence: float
 ) -> dict[str, BudgetChoice]:
-    """Each predictor's budget threshold on the folds pooled."""
-    pool = EvalRows(pd.concat([f.rows.frame for f in scored], ignore_index=True), scored[0].rows.cadence_ms,
-                    scored[0].rows.clear_ms)
+    """Each predictor's budget threshold on the folds pooled (in (node, ts) order as they come:
+    each fold's nodes are prefixed with its index)."""
+    pool = EvalRows(concat_compact([f.rows.frame for f in scored], by_node_ts=True),
+                    scored[0].rows.cadence_ms, scored[0].rows.clear_ms)
     return {
         p: pool.threshold_for_budget(pool.frame[f"_score_{p}"].to_numpy(), budget_per_1000_node_days,
                                      confidence)
