@@ -20,6 +20,7 @@ from foreshock.models.train import (
     MIN_ROUNDS,
     PRIOR_WEIGHT,
     TAIL_QUANTILES,
+    WEIGHT,
     choose_prior_weight,
     fit_booster,
     fit_with_prior,
@@ -124,6 +125,34 @@ def test_trees_are_boosted_from_the_weighted_logistic_baseline():
     margin = booster.predict(val[["a", "b"]], raw_score=True) + PRIOR_WEIGHT * prior.frame_log_odds(val)
     kept_map = platt_calibration(margin, val["label"].to_numpy())
     assert np.allclose(kept_map, (judged[weight]["platt_slope"], judged[weight]["platt_intercept"]))
+
+
+def test_early_stopping_judges_the_stop_rows_and_the_candidates_all_of_validation(monkeypatch):
+    """Given ``stop`` (validation's positives and a weighted tenth of its negatives), the trees
+    stop on those rows with their weights, and each candidate's PR-AUC and calibration are still
+    those of every validation row."""
+    from sklearn.metrics import average_precision_score
+
+    rng = np.random.default_rng(5)
+    x = pd.DataFrame({"a": rng.uniform(0, 1, 12000), "b": rng.normal(size=12000)})
+    frame = x.assign(label=(rng.random(len(x)) < 1 / (1 + np.exp(-(6 * x["a"] - 5)))).astype(int))
+    train, val = frame.iloc[:8000], frame.iloc[8000:]
+    tenth = (val["label"] == 1) | (np.arange(len(val)) % 10 == 0)
+    stop = val.loc[tenth].assign(**{WEIGHT: np.where(val.loc[tenth, "label"] == 1, 1.0, 10.0)})
+    prior = LogisticBaseline(["a", "b"]).fit(train, train["label"].to_numpy())
+    calls = []
+    fit = foreshock.models.train._fit_booster
+    monkeypatch.setattr(foreshock.models.train, "_fit_booster", lambda *a: calls.append(a) or fit(*a))
+    params = {**DEFAULT_PARAMS, "min_child_samples": 50}
+    booster, weight, judged = fit_with_prior(train, val, ["a", "b"], params, prior, PRIOR_WEIGHT, stop=stop)
+    assert len(calls) == 2
+    for x_val, y_val, init, val_weight in ((c[2], c[3], c[6], c[9]) for c in calls):
+        assert len(x_val) == len(y_val) == len(stop) < len(val) / 2
+        assert np.array_equal(val_weight, stop[WEIGHT].to_numpy())
+        if init is not None:  # the prior's log-odds of the stop rows
+            assert np.allclose(init[1], PRIOR_WEIGHT * prior.frame_log_odds(stop))
+    margin = booster.predict(val[["a", "b"]], raw_score=True) + weight * prior.frame_log_odds(val)
+    assert judged[weight]["pr_auc"] == pytest.approx(average_precision_score(val["label"], margin))
 
 
 def test_training_keeps_the_candidate_validation_chose_and_weight_0_trains_trees_alone(
