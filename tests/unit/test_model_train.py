@@ -153,6 +153,8 @@ def test_early_stopping_judges_the_stop_rows_and_the_candidates_all_of_validatio
             assert np.allclose(init[1], PRIOR_WEIGHT * prior.frame_log_odds(stop))
     margin = booster.predict(val[["a", "b"]], raw_score=True) + weight * prior.frame_log_odds(val)
     assert judged[weight]["pr_auc"] == pytest.approx(average_precision_score(val["label"], margin))
+    kept_map = platt_calibration(margin, val["label"].to_numpy())
+    assert np.allclose(kept_map, (judged[weight]["platt_slope"], judged[weight]["platt_intercept"]))
 
 
 def test_training_keeps_the_candidate_validation_chose_and_weight_0_trains_trees_alone(
