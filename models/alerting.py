@@ -174,7 +174,9 @@ class EvalRows:
         if not self.frame.index.equals(pd.RangeIndex(len(self.frame))):
             self.frame = self.frame.reset_index(drop=True)
         f = self.frame
-        node = pd.factorize(f["node"])[0]
+        codes = f["node"].cat.codes if isinstance(f["node"].dtype, pd.CategoricalDtype) else None
+        node = codes.to_numpy() if codes is not None else pd.factorize(f["node"])[0]
+        del codes
         self._ts = f["ts"].to_numpy(dtype=np.int64)
         self.label = f["label"].to_numpy(dtype=np.int8)
         contiguous = np.ones(len(f), dtype=bool)
@@ -187,8 +189,13 @@ class EvalRows:
         key = pd.MultiIndex.from_frame(self.failures[["node", "failure_ts"]])
         self._failure_of_pos = key.get_indexer(pd.MultiIndex.from_frame(pos[["node", "failure_ts"]]))
         self._pos_rows = np.flatnonzero(self.label == 1)
-        returned = f["returned_ts"] if "returned_ts" in f else pd.Series(pd.NA, index=f.index)
-        self._returned = returned.astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+
+    def _returned_at(self, rows: np.ndarray) -> np.ndarray:
+        """When the node of each of ``rows`` last came back from repair (NaN: not in these rows)."""
+        if "returned_ts" not in self.frame:
+            return np.full(rows.size, np.nan)
+        returned = self.frame["returned_ts"].iloc[rows]
+        return returned.astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
 
     @property
     def node_days(self) -> float:
@@ -282,7 +289,7 @@ class EvalRows:
         alert = score >= threshold
         first, true = self._episodes(alert)
         n_ep, n_false = int(first.size), int(np.count_nonzero(~true))
-        since_return = self._ts[first[~true]] - self._returned[first[~true]]
+        since_return = self._ts[first[~true]] - self._returned_at(first[~true])
         pos_alert = alert[self._pos_rows]
         nf = len(self.failures)
         caught = self.caught(alert)
@@ -335,13 +342,29 @@ class EvalRows:
         return out
 
 
-def _candidates(score: np.ndarray) -> np.ndarray:
+def _candidates(score: np.ndarray, block: int = 1 << 20) -> np.ndarray:
     """Thresholds to try, from the top score down: every distinct score, or ~400 rank-spaced ones
-    (one per rank at the top, where alerts are few)."""
-    desc = np.unique(score)[::-1]
-    if desc.size <= 400:
-        return desc
-    return desc[np.unique(np.geomspace(1, desc.size, 400).astype(int)) - 1]
+    (one per rank at the top, where alerts are few).
+
+    Holds a sorted copy of the scores and a flag per row, not every distinct score (a fleet's month
+    has tens of millions): the ranks asked for are looked up a block of the sorted scores at a time."""
+    ordered = np.sort(score)
+    new = np.empty(ordered.size, dtype=bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    distinct = int(np.count_nonzero(new))
+    if distinct <= 400:
+        return ordered[new][::-1]
+    ranks = np.unique(np.geomspace(1, distinct, 400).astype(int))  # 1 = the top score
+    wanted = distinct - ranks  # ascending positions among the distinct scores, from the top rank down
+    out = np.empty(wanted.size)
+    seen = 0
+    for lo in range(0, ordered.size, block):
+        firsts = lo + np.flatnonzero(new[lo : lo + block])  # where each distinct score first sits
+        mine = (wanted >= seen) & (wanted < seen + firsts.size)
+        out[mine] = ordered[firsts[wanted[mine] - seen]]
+        seen += firsts.size
+    return out
 
 
 def median_interval(values: np.ndarray, draws: int = 2_000, seed: int = 0) -> list[float] | None:

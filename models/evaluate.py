@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import average_precision_score, roc_auc_score
 
 from foreshock.models.alerting import EVAL_COLUMNS, EvalRows
 from foreshock.models.artifact import RiskModel
@@ -33,6 +32,7 @@ from foreshock.models.frame import (
     open_labelled,
     scores_in_blocks,
 )
+from foreshock.models.ranking import Ranking
 
 __all__ = ["PREDICTORS", "predictor_metrics", "scores_of", "scorers_of", "thresholds_of", "budget_of",
            "clear_ms_of", "evaluate", "write_outputs"]
@@ -48,13 +48,14 @@ def predictor_metrics(
     (``budget_spent``: false alarms per 1,000 node-days over the budget)."""
     y = rows.label
     both = 0 < y.sum() < y.size
+    ranking = Ranking.of(y, score) if both else None
     out: dict[str, Any] = {
         "rows": int(y.size),
         "positives": int(y.sum()),
         "base_rate": float(y.mean()) if y.size else None,
         "node_days": rows.node_days,
-        "pr_auc": float(average_precision_score(y, score)) if both else None,
-        "roc_auc": float(roc_auc_score(y, score)) if both else None,
+        "pr_auc": ranking.average_precision() if ranking else None,
+        "roc_auc": ranking.roc_auc() if ranking else None,
     }
     out.update(rows.at_threshold(score, threshold))
     if budget_per_1000_node_days is not None:
@@ -203,7 +204,7 @@ def _score_dataset(
     pool_size: int,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> tuple[pd.DataFrame, _Scored]:
-    """Score one dataset, a chunk (a day of its feature table) at a time, and keep what the pool
+    """Score one dataset, a chunk (a partition of its feature table) at a time, and keep what the pool
     needs: the columns ``EvalRows`` reads with each predictor's score beside them, in (node, ts)
     order (nodes prefixed with the dataset's name when pooled), and the rest; its share of the
     SHAP sample is ``SHAP_ROWS / pool_size`` rows, drawn from every chunk."""

@@ -327,8 +327,8 @@ def _labelled_rows(
 
 @dataclass
 class LabelledStream:
-    """A dataset's labelled rows, read from its feature table a day at a time (:meth:`chunks`):
-    the same rows, in the same order, with the same columns as :func:`build_labelled`'s frame.
+    """A dataset's labelled rows, read from its feature table a partition (a node group's day) at
+    a time (:meth:`chunks`): the same rows, with the same columns, as :func:`build_labelled`'s frame.
 
     What the rules read of the raw telemetry is read once, in one pass, and gives each day's rows
     their evidence (:class:`~foreshock.models.baselines.RuleEvidence`)."""
@@ -354,7 +354,7 @@ class LabelledStream:
 
     @property
     def chunk_count(self) -> int:
-        return len(self.table.days)
+        return len(self.table.partitions)
 
     def _keys(self, day: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
         """A table day's rows (node, ts) labelled, each with its place in the day (``_src``)."""
@@ -384,23 +384,25 @@ class LabelledStream:
             days.append((day, at, at + len(labelled)))
             at += len(labelled)
             if progress is not None:
-                progress("labelling the feature table's rows", i + 1, self.chunk_count)
+                progress("labelling the feature table's rows", i + 1, len(self.table.days))
         if not keys:
             return pd.DataFrame(columns=["node", "ts", "_src", *RULE_COLUMNS]), days
         return concat_compact(keys), days
 
     def chunks(self) -> Iterator[pd.DataFrame]:
-        """Each day's labelled rows with their rule evidence, in time order."""
+        """Each partition's labelled rows with their rule evidence, as the table lists them: a
+        node group's day, not a whole day of the fleet sorted (2,048 nodes' day is 3 M rows)."""
         evidence = self._rule_evidence()
         events = read_events(self.data_dir)
         names = self.feature_names
-        for day in self.table.iter_days():
-            keys = self._keys(day, events)
+        for partition in self.table.partitions:
+            part = self.table.read(partition)
+            keys = self._keys(part, events)
             src = keys.pop("_src").to_numpy()
             values = np.empty((len(keys), len(names)), dtype=np.float32)
             for j, name in enumerate(names):  # only the labelled rows' features, a column at a time
-                values[:, j] = day[name].to_numpy(dtype=np.float32, na_value=np.nan)[src]
-            del day
+                values[:, j] = part[name].to_numpy(dtype=np.float32, na_value=np.nan)[src]
+            del part
             features = pd.DataFrame(values, columns=names, copy=False)
             parts = [keys[["node", "ts"]], features, keys.drop(columns=["node", "ts"]), evidence.of(keys)]
             yield pd.concat(parts, axis=1, copy=False)

@@ -20,10 +20,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from sklearn.metrics import precision_recall_curve  # noqa: E402
 
 from foreshock.models.alerting import EvalRows  # noqa: E402
 from foreshock.models.artifact import RiskModel  # noqa: E402
+from foreshock.models.ranking import Ranking  # noqa: E402
 
 __all__ = ["SHAP_ROWS", "write_plots", "shap_importance"]
 
@@ -42,8 +42,9 @@ def shap_importance(model: RiskModel, frame, max_rows: int = SHAP_ROWS, seed: in
 def _on_pixels(x: np.ndarray, y: np.ndarray, pixels: int = 2_000) -> tuple[np.ndarray, np.ndarray]:
     """The points of a curve over [0, 1] in ``x`` (ordered in ``x``) that a plot ``pixels`` wide
     draws: in each column its first and last point and the first at its lowest and highest ``y``
-    (min-max decimation), at most four a column. A curve over every distinct score of a fleet's
-    month has tens of millions of points, and matplotlib keeps several copies of each."""
+    (min-max decimation), at most four a column. A curve has two corners per distinct score of a
+    positive row: on a pooled month of a fleet that fails often, millions, and matplotlib keeps
+    several copies of each."""
     column = np.round(x * pixels)
     starts = np.flatnonzero(np.r_[True, column[1:] != column[:-1]])
     ends = np.r_[starts[1:], len(x)] - 1
@@ -82,7 +83,7 @@ def write_plots(
     fig, ax = plt.subplots(figsize=(6.5, 5))
     if 0 < rows.label.sum() < rows.label.size:
         for name, score in scores.items():
-            precision, recall, _ = precision_recall_curve(rows.label, score)
+            precision, recall = Ranking.of(rows.label, score).precision_recall()
             ap = metrics[name].get("pr_auc")
             recall, precision = _on_pixels(recall, precision)
             ax.step(recall, precision, where="post", label=f"{name} (PR-AUC {ap:.3f})")

@@ -65,7 +65,6 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import average_precision_score
 
 from foreshock.features.default_set import RISK_DIRECTIONS
 from foreshock.models.alerting import ALERT_CLEAR_MS, BUDGET_CONFIDENCE, BudgetChoice, EvalRows
@@ -74,6 +73,7 @@ from foreshock.models.baselines import LogisticBaseline, rule_scores
 from foreshock.models.evaluate import PREDICTORS, predictor_metrics, write_outputs
 from foreshock.models.folds import FOLDS, choose_thresholds, out_of_fold
 from foreshock.models.frame import FeatureRows, LabelledData, TableOnDask, build_labelled
+from foreshock.models.ranking import average_precision
 from foreshock.models.splits import make_split
 
 __all__ = [
@@ -378,8 +378,7 @@ def _fit_booster(
         return booster
     start = 0.0 if init_val is None else init_val
     curve = [
-        float(average_precision_score(y_val, start + predict_blocks(booster, x_val, num_iteration=k),
-                                      sample_weight=val_weight))
+        average_precision(y_val, start + predict_blocks(booster, x_val, num_iteration=k), val_weight)
         for k in range(1, booster.current_iteration() + 1)
     ]
     return _trim(booster, _best_iteration(curve))
@@ -506,7 +505,7 @@ def fit_with_prior(
         margin = predict_blocks(fitted[weight], x_val) + (weight * linear["val"] if weight else 0.0)
         slope, intercept = platt_calibration(margin, y_val)
         judged[weight] = {
-            "pr_auc": float(average_precision_score(y_val, margin)),
+            "pr_auc": average_precision(y_val, margin),
             "platt_slope": slope,
             "platt_intercept": intercept,
         }
@@ -1007,8 +1006,8 @@ def train_from_dataset(
             },
             metrics=_flat_metrics(metrics),
             dataset_fingerprint=data.fingerprint,
-            score_on_test=lambda m: float(
-                average_precision_score(test_rows.label, data.scores(test, {"m": m.predict_proba})["m"])
+            score_on_test=lambda m: average_precision(
+                test_rows.label, data.scores(test, {"m": m.predict_proba})["m"]
             ),
         )
         model.version = registration.version

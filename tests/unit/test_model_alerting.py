@@ -213,3 +213,15 @@ def test_consecutive_rows_stay_one_episode_even_with_no_clearing_time():
     assert episode_starts(np.zeros(5), ts, 0, MIN).tolist() == [True, False, False, True, False]
     assert episode_starts(np.zeros(5), ts, 30 * MIN, MIN).tolist() == [True, False, False, False, False]
     assert episode_starts(np.array([0, 0, 0, 1, 1]), ts, 30 * MIN, MIN).tolist()[3]  # node back from down
+
+
+@pytest.mark.parametrize("block", [7, 1 << 20])
+def test_candidate_thresholds_are_the_rank_spaced_distinct_scores_read_in_blocks(block):
+    from foreshock.models.alerting import _candidates
+
+    rng = np.random.default_rng(0)
+    for score in (rng.random(100), np.round(rng.random(10_000), 3), rng.random(50_000),
+                  np.r_[np.zeros(5_000), rng.random(3_000)]):
+        desc = np.unique(score)[::-1]
+        expected = desc if desc.size <= 400 else desc[np.unique(np.geomspace(1, desc.size, 400).astype(int)) - 1]
+        np.testing.assert_array_equal(_candidates(score, block), expected)
