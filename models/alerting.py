@@ -27,7 +27,7 @@ Definitions (used for every predictor alike, so the numbers compare):
   ``caught_15_minutes_ahead`` counts the detectable failures caught at least
   :data:`WARNING_MINUTES` ahead. Unlike the median lead it never falls when a predictor also
   catches failures that show only in the last minutes, so it is the figure for "warns earlier".
-- The **budget threshold** (:meth:`EvalRows.threshold_for_budget`) is the lowest threshold at
+- The **budget threshold** (:func:`budget_threshold`) is the lowest threshold at
   and above which the false alarms on the given rows keep an upper confidence bound within the
   budget: Garwood's exact one-sided bound (:func:`poisson_upper_bound`, at ``confidence``,
   default :data:`BUDGET_CONFIDENCE`) on the Poisson mean of false-alarm *episodes* over the rows'
@@ -43,14 +43,15 @@ Definitions (used for every predictor alike, so the numbers compare):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 __all__ = ["EvalRows", "EVAL_COLUMNS", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES", "AFTER_RETURN_MS",
-           "WARNING_MINUTES", "BUDGET_CONFIDENCE", "BudgetChoice", "episode_starts", "median_interval",
-           "most_within", "poisson_upper_bound", "sorted_by_node_ts"]
+           "WARNING_MINUTES", "BUDGET_CONFIDENCE", "BudgetChoice", "budget_threshold", "episode_starts",
+           "median_interval", "most_within", "poisson_upper_bound", "sorted_by_node_ts"]
 
 DAY_MS = 86_400_000
 ALERT_CLEAR_MS = 30 * 60_000
@@ -116,7 +117,7 @@ def most_within(limit: float, confidence: float) -> int:
 
 @dataclass(frozen=True)
 class BudgetChoice:
-    """A budget threshold and the evidence behind it (:meth:`EvalRows.threshold_for_budget`).
+    """A budget threshold and the evidence behind it (:func:`budget_threshold`).
 
     ``false_alarms`` is the most false-alarm episodes of any candidate threshold at or above
     ``threshold`` on ``node_days`` of rows; ``upper_per_1000_node_days`` the bound on their rate
@@ -239,27 +240,8 @@ class EvalRows:
     def threshold_for_budget(
         self, score: np.ndarray, budget_per_1000_node_days: float, confidence: float = BUDGET_CONFIDENCE
     ) -> BudgetChoice:
-        """The lowest candidate threshold (see :meth:`sweep`) at and above which the false alarms
-        on these rows keep their upper bound within the budget (the module docstring). Above every
-        score (no alerts) when the top score is itself a false alarm the budget cannot afford."""
-        days = self.node_days
-        if budget_per_1000_node_days < 0 or days <= 0:
-            raise ValueError("a budget threshold needs a budget >= 0 and scored rows")
-
-        def upper(count: int) -> float:
-            return poisson_upper_bound(count, confidence) / days * 1000.0
-
-        # the most false alarms whose bound is within budget (0 when none is: then not certified)
-        allowed = max(0, most_within(budget_per_1000_node_days * days / 1000.0, confidence))
-        chosen, kept, most = float(np.nextafter(score.max(), np.inf)), 0, 0
-        for thr in _candidates(score):
-            most = max(most, self.episodes(score >= thr)[1])
-            if most > allowed:
-                break
-            chosen, kept = float(thr), most
-        bound = upper(kept)
-        return BudgetChoice(chosen, float(budget_per_1000_node_days), float(confidence), days, kept, bound,
-                            bound <= budget_per_1000_node_days)
+        """:func:`budget_threshold` on these rows alone."""
+        return budget_threshold([(self, score)], budget_per_1000_node_days, confidence)
 
     def recall_at_rates(self, score: np.ndarray, rates: tuple[float, ...] = EQUAL_RATES) -> dict[str, dict]:
         """Per false-alarm rate: the most failures caught by a threshold that keeps false alarms
@@ -342,13 +324,47 @@ class EvalRows:
         return out
 
 
-def _candidates(score: np.ndarray, block: int = 1 << 20) -> np.ndarray:
-    """Thresholds to try, from the top score down: every distinct score, or ~400 rank-spaced ones
-    (one per rank at the top, where alerts are few).
+def budget_threshold(
+    parts: Sequence[tuple[EvalRows, np.ndarray]], budget_per_1000_node_days: float,
+    confidence: float = BUDGET_CONFIDENCE,
+) -> BudgetChoice:
+    """The lowest candidate threshold (see :meth:`EvalRows.sweep`) at and above which the false
+    alarms on the rows of ``parts`` (each with its scores) keep their upper bound within the budget
+    (the module docstring). Above every score (no alerts) when the top score is itself a false
+    alarm the budget cannot afford.
+
+    The parts are judged as one set of rows whose node-days add up; their nodes must be apart (no
+    alert episode spans two parts), as the threshold folds' are. Judging them part by part spares a
+    copy of every row (the folds of a fleet's month hold 60 M)."""
+    days = sum(len(rows.frame) * rows.cadence_ms for rows, _ in parts) / DAY_MS
+    if budget_per_1000_node_days < 0 or days <= 0:
+        raise ValueError("a budget threshold needs a budget >= 0 and scored rows")
+
+    def false_alarms(thr: float) -> int:
+        return sum(rows.episodes(score >= thr)[1] for rows, score in parts)
+
+    # the most false alarms whose bound is within budget (0 when none is: then not certified)
+    allowed = max(0, most_within(budget_per_1000_node_days * days / 1000.0, confidence))
+    top = max(float(score.max()) for _, score in parts if score.size)
+    chosen, kept, most = float(np.nextafter(top, np.inf)), 0, 0
+    for thr in _candidates(*(score for _, score in parts)):
+        most = max(most, false_alarms(thr))
+        if most > allowed:
+            break
+        chosen, kept = float(thr), most
+    bound = poisson_upper_bound(kept, confidence) / days * 1000.0
+    return BudgetChoice(chosen, float(budget_per_1000_node_days), float(confidence), days, kept, bound,
+                        bound <= budget_per_1000_node_days)
+
+
+def _candidates(*scores: np.ndarray, block: int = 1 << 20) -> np.ndarray:
+    """Thresholds to try over the rows of every array of ``scores``, from the top score down:
+    every distinct score, or ~400 rank-spaced ones (one per rank at the top, where alerts are few).
 
     Holds a sorted copy of the scores and a flag per row, not every distinct score (a fleet's month
     has tens of millions): the ranks asked for are looked up a block of the sorted scores at a time."""
-    ordered = np.sort(score)
+    ordered = np.concatenate(scores)
+    ordered.sort()
     new = np.empty(ordered.size, dtype=bool)
     new[:1] = True
     np.not_equal(ordered[1:], ordered[:-1], out=new[1:])

@@ -4,7 +4,7 @@ scored by a model that never saw it.
 A budget of one false alarm per 1,000 node-days, judged on one validation period of about a
 thousand node-days, rests on one or two alarms: the threshold lands wherever that period's
 strongest harmless transient happened to fall, and spends several times its budget on new data.
-The budget threshold (:meth:`foreshock.models.alerting.EvalRows.threshold_for_budget`) needs
+The budget threshold (:func:`foreshock.models.alerting.budget_threshold`) needs
 more node-days scored out of sample, so the whole history before the test period serves:
 
 - the validation period is the last block, scored by the model itself;
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from foreshock.models.alerting import EVAL_COLUMNS, BudgetChoice, EvalRows
+from foreshock.models.alerting import EVAL_COLUMNS, BudgetChoice, EvalRows, budget_threshold
 from foreshock.models.frame import compact_rows, concat_compact
 
 __all__ = ["FOLDS", "Fold", "ScoredFold", "time_folds", "fold_training_rows", "out_of_fold",
@@ -123,7 +123,9 @@ def out_of_fold(
             history = pd.concat([fold_training_rows(p, fold, horizon_ms, training_columns) for p in periods])
             scores = fit_fold(history, block)
             del history
-        kept = compact_rows(block[[c for c in EVAL_COLUMNS if c in block]].assign(
+        # a fold's rows are judged by their episodes and catches, never by the alarms after a return
+        columns = [c for c in EVAL_COLUMNS if c in block and c != "returned_ts"]
+        kept = compact_rows(block[columns].assign(
             node=_prefixed(block["node"], f"{fold.index}/"), **{f"_score_{p}": s for p, s in scores.items()}
         ))
         rows = EvalRows(concat_compact([kept], by_node_ts=True), cadence_ms, clear_ms)
@@ -140,12 +142,9 @@ def _prefixed(nodes: pd.Series, prefix: str) -> np.ndarray:
 def choose_thresholds(
     scored: list[ScoredFold], budget_per_1000_node_days: float, confidence: float
 ) -> dict[str, BudgetChoice]:
-    """Each predictor's budget threshold on the folds pooled (in (node, ts) order as they come:
-    each fold's nodes are prefixed with its index)."""
-    pool = EvalRows(concat_compact([f.rows.frame for f in scored], by_node_ts=True),
-                    scored[0].rows.cadence_ms, scored[0].rows.clear_ms)
+    """Each predictor's budget threshold on the folds pooled (each fold's nodes are prefixed with
+    its index, so no alert episode spans two)."""
     return {
-        p: pool.threshold_for_budget(pool.frame[f"_score_{p}"].to_numpy(), budget_per_1000_node_days,
-                                     confidence)
+        p: budget_threshold([(f.rows, f.scores[p]) for f in scored], budget_per_1000_node_days, confidence)
         for p in scored[0].scores
     }

@@ -142,6 +142,22 @@ def test_budget_threshold_does_not_step_into_a_pocket():
     assert (choice.threshold, choice.false_alarms) == (0.8, 3)
 
 
+def test_parts_judged_together_give_the_threshold_of_their_rows_pooled():
+    from foreshock.models.alerting import budget_threshold
+
+    rows, score = _cluster(SPIKES, pocket=0.85, caught_at=0.62)
+    frame = rows.frame.assign(score=score)
+    halves = [frame[frame["node"].isin(nodes)].reset_index(drop=True)
+              for nodes in (["n0", "n1", "n2"], [f"n{i}" for i in range(3, 10)])]
+    parts = [(EvalRows(h, MIN, 30 * MIN), h["score"].to_numpy()) for h in halves]
+    for budget in (100.0, 500.0, 700.0, 1000.0):
+        together = budget_threshold(parts, budget, confidence=0.9)
+        assert together == rows.threshold_for_budget(score, budget, confidence=0.9)
+    assert budget_threshold(parts, 700.0, confidence=0.9).false_alarms == 3
+    # alone, the first part's rows (3 node-days, two spikes) afford no alarm at that budget
+    assert budget_threshold(parts[:1], 700.0, confidence=0.9).false_alarms == 0
+
+
 def test_too_few_node_days_to_certify_the_budget_keep_no_false_alarm():
     rows, score = _cluster(SPIKES, caught_at=0.95)
     choice = rows.threshold_for_budget(score, 100.0)  # even no alarm bounds the rate at 230
@@ -223,5 +239,6 @@ def test_candidate_thresholds_are_the_rank_spaced_distinct_scores_read_in_blocks
     for score in (rng.random(100), np.round(rng.random(10_000), 3), rng.random(50_000),
                   np.r_[np.zeros(5_000), rng.random(3_000)]):
         desc = np.unique(score)[::-1]
-        expected = desc if desc.size <= 400 else desc[np.unique(np.geomspace(1, desc.size, 400).astype(int)) - 1]
-        np.testing.assert_array_equal(_candidates(score, block), expected)
+        ranks = np.unique(np.geomspace(1, desc.size, 400).astype(int))
+        expected = desc if desc.size <= 400 else desc[ranks - 1]
+        np.testing.assert_array_equal(_candidates(score, block=block), expected)

@@ -425,3 +425,21 @@ def test_evaluate_refuses_another_feature_set(trained, synthetic_cluster_other, 
     data = build_labelled(synthetic_cluster_other.data_dir, 3_600_000, features=other)
     with pytest.raises(ValueError, match="feature set"):
         evaluate(model, [synthetic_cluster_other.data_dir], tmp_path, data=[data])
+
+
+@pytest.mark.parametrize("consume", [False, True])
+def test_parts_cut_a_column_at_a_time_equal_the_rows_taken_by_mask(consume):
+    from foreshock.models.frame import compact_rows
+    from foreshock.models.train import cut_parts
+
+    n = 12
+    frame = compact_rows(pd.DataFrame({
+        "node": list("abcd") * 3, "ts": np.arange(n) * 60_000, "label": np.tile([0, 1], 6),
+        "cause": pd.Categorical(["gpu", None] * 6), "_src": np.arange(n, dtype=np.int32),
+    }))
+    masks = {"train": np.arange(n) < 5, "test": np.arange(n) >= 8, "held": np.zeros(n, dtype=bool)}
+    expected = {name: frame.loc[mask] for name, mask in masks.items()}
+    parts = cut_parts(frame, masks, consume=consume)
+    for name in masks:
+        pd.testing.assert_frame_equal(parts[name], expected[name])
+    assert list(frame.columns) == (["_src"] if consume else list(expected["train"].columns))
