@@ -15,8 +15,6 @@ time, for a reader (``evaluate``) that need not hold every feature at once.
 from __future__ import annotations
 
 import bisect
-import ctypes
-import ctypes.util
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +25,7 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from foreshock.features.table import FeatureTable, FeatureTableError, TableIdentity
+from foreshock.features.table import FeatureTable, FeatureTableError, TableIdentity, release_freed_memory
 from foreshock.ingest.dataset import read_events, read_manifest
 from foreshock.models.alerting import sorted_by_node_ts
 from foreshock.models.baselines import RULE_COLUMNS, RuleEvidence, rule_inputs
@@ -358,11 +356,11 @@ class LabelledStream:
     def chunk_count(self) -> int:
         return len(self.table.partitions)
 
-    def _keys(self, day: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
-        """A table day's rows (node, ts) labelled, each with its place in the day (``_src``)."""
-        rows = pd.DataFrame({"node": day["node"].astype(str).to_numpy(),
-                             "ts": day["ts"].to_numpy(dtype=np.int64),
-                             "_src": np.arange(len(day), dtype=np.int32)})
+    def _keys(self, read: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+        """Rows read of the table (node, ts) labelled, each with its place in what was read (``_src``)."""
+        rows = pd.DataFrame({"node": read["node"].astype(str).to_numpy(),
+                             "ts": read["ts"].to_numpy(dtype=np.int64),
+                             "_src": np.arange(len(read), dtype=np.int32)})
         return label_rows(rows, events, self.horizon_ms, end_ms=int(self.manifest["end_ms"]))
 
     def _rule_evidence(self) -> RuleEvidence:
@@ -464,26 +462,6 @@ def concat_compact(frames: list[pd.DataFrame], by_node_ts: bool = False) -> pd.D
             del column
             release_freed_memory()
     return pd.DataFrame({c: columns.pop(c) for c in names}, copy=False)
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-
-
-_TRIM = _malloc_trim()
-
-
-def release_freed_memory() -> None:
-    """Hand the pages of freed arrays back to the system (glibc's ``malloc_trim``; nothing where
-    the C library has none).
-
-    glibc keeps arrays under 32 MiB on its heap once a larger one has been freed, and a freed
-    block there stays resident while anything above it lives. A frame joined from many pieces
-    frees them a column at a time, scattered over the heap: without this the process holds the
-    freed pieces and the joined columns at once, twice the rows' memory."""
-    if _TRIM is not None:
-        _TRIM(0)
 
 
 def open_labelled(

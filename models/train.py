@@ -718,15 +718,16 @@ def cut_parts(
     """``frame.loc[mask]`` for each part, cut a column at a time. With ``consume``, every column of
     ``frame`` but ``_src`` is dropped from it once cut, so that the rows are held once and a
     column, not twice, while they are cut."""
-    columns: dict[str, dict[str, pd.Series]] = {name: {} for name in masks}
+    columns: dict[str, dict[str, Any]] = {name: {} for name in masks}
     for col in list(frame.columns):
-        values = frame[col]
+        values = frame[col].array  # a Series cut by a mask would keep the whole column alive
         for name, mask in masks.items():
             columns[name][col] = values[mask]
         del values
         if consume and col != "_src":
             del frame[col]
-    return {name: pd.DataFrame(cols, copy=False) for name, cols in columns.items()}
+    return {name: pd.DataFrame(cols, index=frame.index[masks[name]], copy=False)
+            for name, cols in columns.items()}
 
 
 def _logistic_rows(train: pd.DataFrame, seed: int) -> pd.DataFrame:
