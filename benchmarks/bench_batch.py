@@ -21,13 +21,16 @@ seed, against the stated tolerances.
 
     .venv/bin/python benchmarks/bench_batch.py            # 32-128 nodes, 2-8 days: ~4 minutes
     .venv/bin/python benchmarks/bench_batch.py --quick    # smoke run
+    .venv/bin/python benchmarks/bench_batch.py --growth   # 256 x 7 and 1,024 x 14: under an hour
     .venv/bin/python benchmarks/bench_batch.py --full --workdir DIR   # 2,048 nodes x 30 days: hours
 
-``--full`` is a fleet's month at the llama3 profile's own failure rate (x 1: 2,048 nodes are its
-16,384 GPUs), trained with ``--negative-rate 0.1``. Each stage's figures are written to
-``DIR/NODESxDAYS-s1/stages.json`` as it ends; ``--resume`` keeps the stages already recorded there
-(their outputs in place) and runs only the rest, and ``--until STAGE`` stops after one, so that an
-hours-long run can be taken in parts.
+``--growth`` measures the growth exponents of time and peak RSS between 256 nodes x 7 days and
+1,024 x 14 (16 times the rows), trained with ``--negative-rate 0.1``: a peak that stays flat there
+is bounded by a constant, not by the rows. ``--full`` is a fleet's month at the llama3 profile's
+own failure rate (x 1: 2,048 nodes are its 16,384 GPUs), trained with ``--negative-rate 0.1``.
+Each stage's figures are written to ``DIR/NODESxDAYS-s1/stages.json`` as it ends; ``--resume``
+keeps the stages already recorded there (their outputs in place) and runs only the rest, and
+``--until STAGE`` stops after one, so that an hours-long run can be taken in parts.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from typing import Any
 SIZES = {"nodes": [(32, 2), (64, 2), (128, 2)], "days": [(32, 2), (32, 4), (32, 8)]}
 QUICK = {"nodes": [(16, 1), (32, 1)], "days": [(16, 1), (16, 2)]}
 FULL = {"full": [(2048, 30)]}
+GROWTH = {"growth": [(256, 7), (1024, 14)]}
 STAGES = ("simulate", "features", "train", "evaluate")
 # --full: a fleet's month at the llama3 profile's own failure rate (2,048 nodes are its 16,384 GPUs:
 # 7.8 interruptions a day), trained with the far negatives thinned (the tolerances below bound what
@@ -352,6 +356,9 @@ def main() -> None:
         "--full", action="store_true", help="2,048 nodes x 30 days (hours; the whole machine)"
     )
     parser.add_argument(
+        "--growth", action="store_true", help="256 x 7 and 1,024 x 14 days (under an hour)"
+    )
+    parser.add_argument(
         "--subsampling", action="store_true", help="also check --negative-rate on held-out data"
     )
     parser.add_argument(
@@ -363,7 +370,7 @@ def main() -> None:
         "--until", choices=STAGES, default="evaluate", help="stop after this stage (go on with --resume)"
     )
     args = parser.parse_args()
-    sizes = FULL if args.full else QUICK if args.quick else SIZES
+    sizes = FULL if args.full else GROWTH if args.growth else QUICK if args.quick else SIZES
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-batch-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"workdir {workdir}; load average {os.getloadavg()[0]:.2f}", flush=True)
@@ -376,7 +383,7 @@ def main() -> None:
                     *size,
                     workdir,
                     rate=FULL_RATE if args.full else 300 if args.quick else RATE,
-                    train_flags=FULL_TRAIN_FLAGS if args.full else (),
+                    train_flags=FULL_TRAIN_FLAGS if args.full or args.growth else (),
                     resume=args.resume,
                     until=args.until,
                 )
