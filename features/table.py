@@ -235,21 +235,36 @@ class FeatureTable:
         frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["node", "ts"])
         return frame.sort_values(["ts", "node"], kind="stable", ignore_index=True)
 
-    def day_rows(self, day: int, at: np.ndarray, columns: Sequence[str]) -> pa.Table:
-        """The rows at positions ``at`` of :meth:`read_day`'s frame of ``day``, only ``columns``:
-        the day's order is found from ``ts`` and ``node`` alone (a stable sort, as read_day's)
-        and only the rows asked for are taken, not every column of the day sorted. What Arrow
-        held of the whole day is handed back (:func:`release_freed_memory`)."""
-        wanted = list(dict.fromkeys(["node", "ts", *columns]))
-        table = pa.concat_tables(
-            [pq.read_table(self.path / p.path, columns=wanted) for p in self.partitions if p.day == day]
-        )
-        order = pc.sort_indices(table.select(["ts", "node"]),
-                                sort_keys=[("ts", "ascending"), ("node", "ascending")])
-        taken = table.select(list(columns)).take(order.take(pa.array(at, type=pa.int64())))
-        del table, order
-        release_freed_memory()
-        return taken
+    def fill_day_rows(
+        self, day: int, at: np.ndarray, columns: Sequence[str], out: np.ndarray, rows: np.ndarray
+    ) -> None:
+        """Write the rows at positions ``at`` of :meth:`read_day`'s frame of ``day``, only
+        ``columns``, into ``out``: the k-th into ``out[rows[k]]``, one column of ``out`` per column.
+
+        The day's order is found from ``ts`` and ``node`` alone (a stable sort, as read_day's);
+        then each partition's columns are read by themselves and only the rows asked for are
+        taken, so memory holds one node group's day, not the fleet's (2,048 nodes' day of
+        features is over a gigabyte). What Arrow held of each is handed back
+        (:func:`release_freed_memory`)."""
+        parts = [p for p in self.partitions if p.day == day]
+        keys = [pq.read_table(self.path / p.path, columns=["ts", "node"]) for p in parts]
+        bounds = np.cumsum([0, *(k.num_rows for k in keys)])
+        by = [("ts", "ascending"), ("node", "ascending")]
+        order = pc.sort_indices(pa.concat_tables(keys), sort_keys=by)
+        del keys
+        src = order.to_numpy()[np.asarray(at, dtype=np.int64)]  # places in the partitions, one after another
+        part_of = np.searchsorted(bounds, src, side="right") - 1
+        for i, partition in enumerate(parts):
+            mine = np.flatnonzero(part_of == i)
+            if not mine.size:
+                continue
+            table = pq.read_table(self.path / partition.path, columns=list(columns))
+            taken = table.take(pa.array(src[mine] - bounds[i], type=pa.int64()))
+            del table
+            for j, name in enumerate(columns):
+                out[rows[mine], j] = taken.column(name).to_numpy()
+            del taken
+            release_freed_memory()
 
     def iter_days(self, columns: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
         """:meth:`read_day` of each day in time order: the whole table, one day in memory at a time."""

@@ -118,11 +118,7 @@ class LabelledData:
             lo, hi = np.searchsorted(ranked, [start, stop])
             if hi == lo:
                 continue
-            taken = self.table.day_rows(day, src[ranked[lo:hi]], names)
-            into = order[lo:hi]
-            for j, name in enumerate(names):
-                values[into, j] = taken.column(name).to_numpy().astype(np.float32, copy=False)
-            del taken
+            self.table.fill_day_rows(day, src[ranked[lo:hi]], names, values, order[lo:hi])
         return values
 
     def feature_rows(self, rows: pd.DataFrame) -> FeatureRows:
@@ -579,8 +575,8 @@ class TableOnDask(str):
 def _table_rows(
     table_path: str, day: int, names: list[str], at: np.ndarray, extra: pd.DataFrame
 ) -> pd.DataFrame:
-    """Rows ``at`` (places in the day, :meth:`FeatureTable.day_rows`) of one day of a feature
+    """Rows ``at`` (places in the day, :meth:`FeatureTable.fill_day_rows`) of one day of a feature
     table as float32 features beside ``extra`` (on a Dask worker)."""
-    taken = FeatureTable.open(table_path).day_rows(day, at, names)
-    features = pd.DataFrame({n: taken.column(n).to_numpy().astype(np.float32, copy=False) for n in names})
-    return pd.concat([features, extra], axis=1)
+    values = np.empty((len(at), len(names)), dtype=np.float32)
+    FeatureTable.open(table_path).fill_day_rows(day, at, names, values, np.arange(len(at)))
+    return pd.concat([pd.DataFrame(values, columns=names, copy=False), extra], axis=1)
