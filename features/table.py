@@ -65,8 +65,8 @@ def release_freed_memory() -> None:
     """Hand the pages of freed buffers back to the system: Arrow's memory pool's and, with glibc,
     the C heap's (``malloc_trim``).
 
-    Both keep what was freed resident. Arrow's pool (mimalloc) keeps the pages of a table day
-    read and dropped, a gigabyte at 1,024 nodes; glibc keeps arrays under 32 MiB on its heap
+    Both keep what was freed resident. Arrow's pool (mimalloc) keeps the pages of a table read
+    after it is dropped, as much as the largest read; glibc keeps arrays under 32 MiB on its heap
     once a larger one has been freed, and a freed block there stays resident while anything
     above it lives. A frame joined from many pieces frees them a column at a time, scattered
     over the heap: without this the process would hold the freed pieces and the joined columns
@@ -74,7 +74,6 @@ def release_freed_memory() -> None:
     pa.default_memory_pool().release_unused()
     if _TRIM is not None:
         _TRIM(0)
-
 
 
 class FeatureTableError(ValueError):
