@@ -238,7 +238,16 @@ class FeatureTable:
         self, day: int, at: np.ndarray, columns: Sequence[str], out: np.ndarray, rows: np.ndarray
     ) -> None:
         """Write the rows at positions ``at`` of :meth:`read_day`'s frame of ``day``, only
-        ``columns``, into ``out``: the k-th into ``out[rows[k]]``, one column of ``out`` per column.
+        ``columns``, into ``out``: the k-th into ``out[rows[k]]``, one column of ``out`` per column
+        (:meth:`day_row_blocks`)."""
+        for mine, values in self.day_row_blocks(day, at, columns):
+            out[rows[mine]] = values
+
+    def day_row_blocks(
+        self, day: int, at: np.ndarray, columns: Sequence[str]
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The rows at positions ``at`` of :meth:`read_day`'s frame of ``day``, only ``columns``, a
+        partition at a time: ``(which of at, their values)``, float32, one column per column.
 
         The day's order is found from ``ts`` and ``node`` alone (a stable sort, as read_day's);
         then each partition's columns are read by themselves and only the rows asked for are
@@ -260,10 +269,12 @@ class FeatureTable:
             table = pq.read_table(self.path / partition.path, columns=list(columns))
             taken = table.take(pa.array(src[mine] - bounds[i], type=pa.int64()))
             del table
+            values = np.empty((len(mine), len(columns)), dtype=np.float32)
             for j, name in enumerate(columns):
-                out[rows[mine], j] = taken.column(name).to_numpy()
+                values[:, j] = taken.column(name).to_numpy()
             del taken
             release_freed_memory()
+            yield mine, values
 
     def iter_days(self, columns: Sequence[str] | None = None) -> Iterator[pd.DataFrame]:
         """:meth:`read_day` of each day in time order: the whole table, one day in memory at a time."""

@@ -24,7 +24,7 @@ test period and unseen datasets check it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +33,7 @@ import pandas as pd
 from foreshock.models.alerting import EVAL_COLUMNS, BudgetChoice, EvalRows, budget_threshold
 from foreshock.models.frame import compact_rows, concat_compact
 
-__all__ = ["FOLDS", "Fold", "ScoredFold", "time_folds", "fold_training_rows", "out_of_fold",
+__all__ = ["FOLDS", "Fold", "ScoredFold", "time_folds", "fold_outside", "out_of_fold",
            "choose_thresholds"]
 
 FOLDS = 4  # the validation period and three blocks of the training period
@@ -82,47 +82,37 @@ def time_folds(train: pd.DataFrame, val: pd.DataFrame, folds: int = FOLDS) -> li
     return [*blocks, Fold(folds - 1, int(val["ts"].min()), int(val["ts"].max()) + 1, "model")]
 
 
-def fold_training_rows(
-    history: pd.DataFrame, fold: Fold, horizon_ms: int, columns: Sequence[str] | None = None
-) -> pd.DataFrame:
-    """``history``'s rows outside the fold and its purge gaps, ``[start - H, end + H)`` (only
-    ``columns`` of them, when given)."""
-    ts = history["ts"].to_numpy(dtype=np.int64)
-    outside = (ts < fold.start_ms - horizon_ms) | (ts >= fold.end_ms + horizon_ms)
-    return history.loc[outside] if columns is None else history.loc[outside, list(columns)]
+def fold_outside(rows: pd.DataFrame, fold: Fold, horizon_ms: int) -> np.ndarray:
+    """Which of ``rows`` lie outside the fold and its purge gaps, ``[start - H, end + H)``: the rows
+    a fold model may train on."""
+    ts = rows["ts"].to_numpy(dtype=np.int64)
+    return (ts < fold.start_ms - horizon_ms) | (ts >= fold.end_ms + horizon_ms)
 
 
 def out_of_fold(
     train: pd.DataFrame,
     val: pd.DataFrame,
     val_scores: Scores,
-    fit_fold: Callable[[pd.DataFrame, pd.DataFrame], Scores],
+    fit_fold: Callable[[Fold, pd.DataFrame], Scores],
     *,
-    horizon_ms: int,
     cadence_ms: int,
     clear_ms: int,
     folds: int = FOLDS,
-    training_columns: Sequence[str] | None = None,
 ) -> list[ScoredFold]:
     """Every fold's rows with every predictor's out-of-fold scores.
 
     ``val_scores`` are the model's and the baselines' scores on ``val`` (in its row order);
-    ``fit_fold(training_rows, block_rows)`` fits the fold models and returns their scores on
-    ``block_rows`` (in its row order). ``training_columns``: the only columns ``fit_fold`` reads
-    of its training rows (default: all); the rows it trains on are nearly every row of ``train``
-    and ``val``, and each fold takes a copy of those columns of them."""
-    plan = time_folds(train, val, folds)
-    periods = (train, val)
+    ``fit_fold(fold, block_rows)`` fits the fold models on the rows of ``train`` and ``val``
+    outside the fold (:func:`fold_outside`) and returns their scores on ``block_rows`` (in its row
+    order)."""
     out: list[ScoredFold] = []
-    for fold in plan:
+    for fold in time_folds(train, val, folds):
         if fold.scored_by == "model":
             block, scores = val, val_scores
         else:
             ts = train["ts"].to_numpy(dtype=np.int64)
             block = train.loc[(ts >= fold.start_ms) & (ts < fold.end_ms)]
-            history = pd.concat([fold_training_rows(p, fold, horizon_ms, training_columns) for p in periods])
-            scores = fit_fold(history, block)
-            del history
+            scores = fit_fold(fold, block)
         # a fold's rows are judged by their episodes and catches, never by the alarms after a return
         columns = [c for c in EVAL_COLUMNS if c in block and c != "returned_ts"]
         kept = compact_rows(block[columns].assign(

@@ -98,7 +98,9 @@ class LabelledData:
         from the table, each day of it once."""
         if self._in_frame(rows):
             return rows
-        values = self.feature_matrix(rows)
+        return self._joined(rows, self.feature_matrix(rows))
+
+    def _joined(self, rows: pd.DataFrame, values: np.ndarray) -> pd.DataFrame:
         features = pd.DataFrame(values, index=rows.index, columns=self.feature_names, copy=False)
         return pd.concat([rows, features], axis=1, copy=False)
 
@@ -129,23 +131,31 @@ class LabelledData:
         self, rows: pd.DataFrame, scorers: Mapping[str, Callable[[pd.DataFrame], np.ndarray]]
     ) -> dict[str, np.ndarray]:
         """Each scorer's per-row scores of ``rows`` (rows of :attr:`frame`), in ``rows``' order;
-        the features of one table day in memory at a time, handed to the scorers a block at a
-        time (:func:`scores_in_blocks`). Every scorer scores row by row."""
-        in_frame = self._in_frame(rows)
-        if in_frame:
-            days = [np.arange(len(rows))]
-        else:
-            starts = np.array([start for _, start, _ in self.days], dtype=np.int64)
-            day_of = np.searchsorted(starts, rows.index.to_numpy(dtype=np.int64), side="right") - 1
-            days = [np.flatnonzero(day_of == d) for d in np.unique(day_of)] or [np.arange(0)]
+        the features of one table partition (a node group's day) in memory at a time, handed to
+        the scorers a block at a time (:func:`scores_in_blocks`). Every scorer scores row by row."""
+        if self._in_frame(rows) or not len(rows):
+            return scores_in_blocks(self.with_features(rows), scorers)
         out: dict[str, np.ndarray] = {}
-        for at in days:
-            chunk = rows if in_frame else self.with_features(rows.iloc[at])
+        for at, chunk in self._partition_rows(rows):
             for name, got in scores_in_blocks(chunk, scorers).items():
                 if name not in out:
                     out[name] = np.empty(len(rows), dtype=got.dtype)
                 out[name][at] = got
         return out
+
+    def _partition_rows(self, rows: pd.DataFrame) -> Iterator[tuple[np.ndarray, pd.DataFrame]]:
+        """``rows`` with their features, a table partition at a time: ``(which of rows, those rows
+        with their features)``, each partition's rows in ``rows``' order."""
+        assert self.table is not None
+        positions = rows.index.to_numpy(dtype=np.int64)
+        starts = np.array([start for _, start, _ in self.days], dtype=np.int64)
+        day_of = np.searchsorted(starts, positions, side="right") - 1
+        src = self.frame["_src"].to_numpy()
+        for d in np.unique(day_of):
+            at = np.flatnonzero(day_of == d)
+            day = self.days[d][0]
+            for mine, values in self.table.day_row_blocks(day, src[positions[at]], self.feature_names):
+                yield at[mine], self._joined(rows.iloc[at[mine]], values)
 
 
 def scores_in_blocks(

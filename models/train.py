@@ -22,7 +22,8 @@ Recipe (each step on the time split of :mod:`foreshock.models.splits`, nothing s
    unweighted by default: subsampling to 10 per positive and ``scale_pos_weight =
    sqrt(neg/pos)`` both lowered validation PR-AUC (the negatives are what teach the trees that
    workload swings and false-alarm transients are harmless).
-   ``negatives_per_positive`` still subsamples (seeded, every positive kept) for very large frames.
+   ``train --negative-rate`` thins the negatives far from any failure, weighted, for very large
+   frames (:func:`thin_far_negatives`).
    Training leaves out the negatives that precede a failure by less than ``censor_ms`` (default
    :data:`CENSOR_MS`, 6 h: the longest foreshock in the reference profiles). A node whose fault is
    building hours ahead is not healthy, and teaching the trees that it is taught them to stay
@@ -71,7 +72,7 @@ from foreshock.models.alerting import ALERT_CLEAR_MS, BUDGET_CONFIDENCE, BudgetC
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
 from foreshock.models.evaluate import PREDICTORS, predictor_metrics, write_outputs
-from foreshock.models.folds import FOLDS, choose_thresholds, out_of_fold
+from foreshock.models.folds import FOLDS, Fold, choose_thresholds, fold_outside, out_of_fold
 from foreshock.models.frame import FeatureRows, LabelledData, TableOnDask, build_labelled
 from foreshock.models.ranking import average_precision
 from foreshock.models.splits import make_split
@@ -97,6 +98,7 @@ __all__ = [
     "fit_with_prior",
     "log_odds",
     "fold_scores",
+    "fold_training_rows",
     "choose_prior_weight",
     "platt_calibration",
 ]
@@ -121,7 +123,6 @@ DEFAULT_PARAMS: dict[str, Any] = {
 MAX_ROUNDS = 1000
 MIN_ROUNDS = 50
 EARLY_STOPPING_ROUNDS = 40
-NEGATIVES_PER_POSITIVE = math.inf
 # the logistic baseline keeps its own best recipe (10 negatives per positive: validation PR-AUC
 # 0.177 against 0.158 on every negative, llama3 512 nodes), so the model is judged against it
 LOGISTIC_NEGATIVES_PER_POSITIVE = 10.0
@@ -129,6 +130,7 @@ CENSOR_MS = 6 * 3_600_000
 # thin_far_negatives: a negative this far from any failure (ahead) and any repair (behind) is
 # "far", and the trees may see a share of such rows, weighted (train --negative-rate)
 FAR_FROM_FAILURE_MS = 24 * 3_600_000
+THIN_BLOCK_ROWS = 1 << 20  # thin_far_negatives judges the rows a block at a time
 WEIGHT = "_weight"
 ROW = "_row"  # an evaluated row's place in the labelled frame (score_parts)
 PRIOR_WEIGHT = 0.3
@@ -488,9 +490,8 @@ def fit_with_prior(
     y_train, y_val = train["label"].to_numpy(), val["label"].to_numpy()
     row_weight = train[WEIGHT].to_numpy() if WEIGHT in train else None
     weights = sorted({0.0, max(prior_weight, 0.0)})
-    x_train, x_val = FeatureRows(train, names, data), FeatureRows(val, names, data)
     stop = val if stop is None else stop
-    x_stop = x_val if stop is val else FeatureRows(stop, names, data)
+    x_train, x_stop = FeatureRows(train, names, data), FeatureRows(stop, names, data)
     y_stop, at = stop["label"].to_numpy(), val.index.get_indexer(stop.index)
     stop_weight = stop[WEIGHT].to_numpy() if WEIGHT in stop else None
     linear = {"train": log_odds(prior, train, data), "val": log_odds(prior, val, data)} if weights[-1] else {}
@@ -502,7 +503,7 @@ def fit_with_prior(
             x_train, y_train, x_stop, y_stop, params, dask_address, init=init, weight=row_weight,
             val_weight=stop_weight,
         )
-        margin = predict_blocks(fitted[weight], x_val) + (weight * linear["val"] if weight else 0.0)
+        margin = tree_margin(fitted[weight], val, names, data) + (weight * linear["val"] if weight else 0.0)
         slope, intercept = platt_calibration(margin, y_val)
         judged[weight] = {
             "pr_auc": average_precision(y_val, margin),
@@ -511,6 +512,20 @@ def fit_with_prior(
         }
     best = choose_prior_weight(judged)
     return fitted[best], best, judged
+
+
+def tree_margin(
+    booster: lgb.Booster, rows: pd.DataFrame, names: list[str], data: LabelledData | None
+) -> np.ndarray:
+    """``booster``'s raw scores of ``rows``: rows of ``data``, their features read a table
+    partition at a time, or (without ``data``) a frame holding its ``names`` features."""
+    if data is None:
+        return predict_blocks(booster, FeatureRows(rows, names))
+
+    def trees(frame: pd.DataFrame) -> np.ndarray:
+        return booster.predict(frame[names].to_numpy(np.float32, na_value=np.nan), raw_score=True)
+
+    return data.scores(rows, {"trees": trees})["trees"]
 
 
 def log_odds(prior: LogisticBaseline, rows: pd.DataFrame, data: LabelledData | None) -> np.ndarray:
@@ -536,18 +551,6 @@ def platt_calibration(margin: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return max(float(lr.coef_[0, 0]), MIN_PLATT_SLOPE), float(lr.intercept_[0])
 
 
-def _subsample(frame: pd.DataFrame, negatives_per_positive: float, seed: int) -> pd.DataFrame:
-    """Every positive and a seeded draw of ``negatives_per_positive`` negatives per positive, in
-    (node, ts) order. Draws positions, not rows: the negatives are nearly every row of a frame."""
-    label = frame["label"].to_numpy()
-    pos, neg = np.flatnonzero(label == 1), np.flatnonzero(label == 0)
-    if len(neg) <= negatives_per_positive * len(pos):
-        return frame
-    n = int(negatives_per_positive * len(pos))
-    drawn = pd.Series(neg).sample(n, random_state=seed).to_numpy()  # DataFrame.sample's draw
-    return frame.iloc[np.concatenate([pos, drawn])].sort_values(["node", "ts"], kind="stable")
-
-
 def censor_before_failures(frame: pd.DataFrame, censor_ms: int) -> pd.DataFrame:
     """``frame`` without its negatives that lie at most ``censor_ms`` before the node's next
     failure (the ambiguous zone of a foreshock still building up); positives are all kept."""
@@ -571,36 +574,30 @@ def thin_far_negatives(
         return rows
     if rate <= 0.0:
         raise ValueError(f"negative_rate must be in (0, 1] (got {rate})")
-    ts = rows["ts"].to_numpy(dtype=np.float64)
-    ahead = rows["failure_ts"].astype("float64").to_numpy() - ts
-    behind = ts - rows["returned_ts"].astype("float64").to_numpy()
-    far = (
-        (rows["label"].to_numpy() == 0)
-        & (np.nan_to_num(ahead, nan=np.inf) > far_ms)
-        & (np.nan_to_num(behind, nan=np.inf) > far_ms)
-    )
+    far, keep = np.empty(len(rows), dtype=bool), np.empty(len(rows), dtype=bool)
     key = f"{seed % 10**16:016d}"  # pandas' row hash is stable across runs and processes
-    draw = pd.util.hash_pandas_object(rows[["node", "ts"]], index=False, hash_key=key).to_numpy() / 2.0**64
-    keep = ~far | (draw < rate)
+    for lo in range(0, len(rows), THIN_BLOCK_ROWS):  # the masks' temporaries take 80 bytes a row
+        block = rows.iloc[lo:lo + THIN_BLOCK_ROWS]
+        ts = block["ts"].to_numpy(dtype=np.float64)
+        ahead = block["failure_ts"].astype("float64").to_numpy() - ts
+        behind = ts - block["returned_ts"].astype("float64").to_numpy()
+        at = slice(lo, lo + len(block))
+        far[at] = (
+            (block["label"].to_numpy() == 0)
+            & (np.nan_to_num(ahead, nan=np.inf) > far_ms)
+            & (np.nan_to_num(behind, nan=np.inf) > far_ms)
+        )
+        draw = pd.util.hash_pandas_object(block[["node", "ts"]], index=False, hash_key=key).to_numpy()
+        keep[at] = ~far[at] | (draw / 2.0**64 < rate)
     return rows.loc[keep].assign(**{WEIGHT: np.where(far[keep], 1.0 / rate, 1.0)})
 
 
-# what fold_scores reads of its training rows (booster_rows, _logistic_rows), besides features
-FOLD_TRAINING_COLUMNS = ("node", "ts", "label", "failure_ts", "returned_ts")
-
-
-def booster_rows(
-    train: pd.DataFrame, *, censor_ms: int, negatives_per_positive: float, negative_rate: float, seed: int
-) -> pd.DataFrame:
-    """The rows the trees are fitted on: censored (:func:`censor_before_failures`), subsampled to
-    ``negatives_per_positive``, far negatives thinned to ``negative_rate`` (:func:`thin_far_negatives`).
-    Without a subsample the thinning comes first: it keeps the same rows (each row's fate is its
-    own), and the censored copy is then of the few rows kept, not of every training row."""
-    if math.isinf(negatives_per_positive):
-        rows = censor_before_failures(thin_far_negatives(train, negative_rate, seed), censor_ms)
-    else:
-        rows = _subsample(censor_before_failures(train, censor_ms), negatives_per_positive, seed)
-        rows = thin_far_negatives(rows, negative_rate, seed)
+def booster_rows(train: pd.DataFrame, *, censor_ms: int, negative_rate: float, seed: int) -> pd.DataFrame:
+    """The rows the trees are fitted on: far negatives thinned to ``negative_rate``
+    (:func:`thin_far_negatives`), then censored (:func:`censor_before_failures`). Each row's fate
+    is its own, so a fold's rows are these rows outside the fold, and the censored copy is of the
+    few rows kept, not of every training row."""
+    rows = censor_before_failures(thin_far_negatives(train, negative_rate, seed), censor_ms)
     if not rows.index.is_monotonic_increasing:  # FeatureRows reads a table in the frame's order
         rows = rows.sort_index(kind="stable")
     return rows
@@ -638,7 +635,6 @@ def fit(
     budget_per_1000_node_days: float = 1.0,
     params: dict[str, Any] | None = None,
     dask_address: str | None = None,
-    negatives_per_positive: float = NEGATIVES_PER_POSITIVE,
     censor_ms: int = CENSOR_MS,
     clear_ms: int = ALERT_CLEAR_MS,
     seed: int = 0,
@@ -656,10 +652,9 @@ def fit(
     for name, part in (("train", train), ("val", val)):
         if part["label"].sum() == 0:
             raise ValueError(f"the {name} period holds no failure: use more nodes or days, or a higher rate")
-    rows = booster_rows(train, censor_ms=censor_ms, negatives_per_positive=negatives_per_positive,
-                        negative_rate=negative_rate, seed=seed)
+    rows = booster_rows(train, censor_ms=censor_ms, negative_rate=negative_rate, seed=seed)
     used, represented = len(rows), _represented(rows)
-    logistic = _fit_logistic(data.with_features(_logistic_rows(train, seed)), names, seed)
+    logistic = _fit_logistic(data, _logistic_rows([(train, None)], seed), seed)
     params = {
         **DEFAULT_PARAMS,
         "min_child_samples": min_leaf_rows(represented),
@@ -671,7 +666,6 @@ def fit(
         rows, val, names, params, logistic, prior_weight, dask_address, data=data,
         stop=thin_far_negatives(val, negative_rate, seed),
     )
-    del rows
     kept = candidates[weight]
     unthresholded = RiskModel(
         booster,
@@ -687,18 +681,18 @@ def fit(
 
     val_scores = data.scores(val, {p: scorers[p] for p in PREDICTORS})
 
-    def fit_fold(fold_train: pd.DataFrame, block: pd.DataFrame) -> dict[str, np.ndarray]:
+    val_rows = booster_rows(val, censor_ms=censor_ms, negative_rate=negative_rate, seed=seed)
+    periods = [(train, rows), (val, val_rows)]
+
+    def fit_fold(fold: Fold, block: pd.DataFrame) -> dict[str, np.ndarray]:
+        fold_rows, logistic_rows = fold_training_rows(periods, fold, data.horizon_ms, seed)
         return fold_scores(
-            data, fold_train, block, params, rounds=booster.current_iteration(), prior_weight=weight,
-            negatives_per_positive=negatives_per_positive, censor_ms=censor_ms, seed=seed,
-            dask_address=dask_address, negative_rate=negative_rate,
+            data, fold_rows, logistic_rows, block, params,
+            rounds=booster.current_iteration(), prior_weight=weight, seed=seed, dask_address=dask_address,
         )
 
-    scored = out_of_fold(
-        train, val, val_scores, fit_fold, horizon_ms=data.horizon_ms,
-        cadence_ms=data.cadence_ms, clear_ms=clear_ms, folds=folds,
-        training_columns=[*FOLD_TRAINING_COLUMNS, *(names if data.table is None else ())],
-    )
+    scored = out_of_fold(train, val, val_scores, fit_fold, cadence_ms=data.cadence_ms, clear_ms=clear_ms,
+                         folds=folds)
     selection = choose_thresholds(scored, budget_per_1000_node_days, budget_confidence)
     thresholds = {p: c.threshold for p, c in selection.items()}
     baselines = {
@@ -730,42 +724,70 @@ def cut_parts(
             for name, cols in columns.items()}
 
 
-def _logistic_rows(train: pd.DataFrame, seed: int) -> pd.DataFrame:
-    """The logistic baseline's own best training rows (see the module docstring)."""
-    return _subsample(train, LOGISTIC_NEGATIVES_PER_POSITIVE, seed)
+def fold_training_rows(
+    periods: list[tuple[pd.DataFrame, pd.DataFrame]], fold: Fold, horizon_ms: int, seed: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A fold model's training rows out of the ``(rows, their booster_rows)`` periods: the trees'
+    rows and the logistic baseline's, those :func:`booster_rows` and :func:`_logistic_rows` give
+    of the periods' rows outside the fold (:func:`foreshock.models.folds.fold_outside`), taken
+    from the periods' booster rows and labels: the rows outside a fold are nearly every row of
+    both periods, never copied."""
+    trees = pd.concat([r.loc[fold_outside(r, fold, horizon_ms)] for _, r in periods])
+    outside = [(rows, fold_outside(rows, fold, horizon_ms)) for rows, _ in periods]
+    return trees.sort_index(kind="stable"), _logistic_rows(outside, seed)
 
 
-def _fit_logistic(rows: pd.DataFrame, names: list[str], seed: int) -> LogisticBaseline:
-    """The logistic baseline fitted on ``rows`` (:func:`_logistic_rows`, with their features)."""
-    return LogisticBaseline(names, seed=seed).fit(rows, rows["label"].to_numpy())
+def _logistic_rows(periods: list[tuple[pd.DataFrame, np.ndarray | None]], seed: int) -> pd.DataFrame:
+    """The logistic baseline's own best training rows (see the module docstring) out of the
+    ``(frame, kept)`` periods' kept rows (every row when ``kept`` is None), taken in turn: every
+    positive and a seeded draw of :data:`LOGISTIC_NEGATIVES_PER_POSITIVE` negatives per positive,
+    in (node, ts) order. It draws places in the kept rows' labels: the negatives are nearly every
+    row, and a fold's kept rows nearly every row of both periods, never copied whole."""
+    places = [np.arange(len(frame)) if kept is None else np.flatnonzero(kept) for frame, kept in periods]
+    frames = [frame for frame, _ in periods]
+    label = np.concatenate([frame["label"].to_numpy()[at] for frame, at in zip(frames, places, strict=True)])
+    pos, neg = np.flatnonzero(label == 1), np.flatnonzero(label == 0)
+    n = int(LOGISTIC_NEGATIVES_PER_POSITIVE * len(pos))
+    if len(neg) <= n:
+        return pd.concat([frame.iloc[at] for frame, at in zip(frames, places, strict=True)])
+    drawn = pd.Series(neg).sample(n, random_state=seed).to_numpy()  # DataFrame.sample's draw
+    drawn = np.concatenate([pos, drawn])
+    bounds = np.cumsum([0, *map(len, places)])
+    rows = pd.concat([
+        frame.iloc[at[drawn[(drawn >= lo) & (drawn < hi)] - lo]]
+        for frame, at, lo, hi in zip(frames, places, bounds[:-1], bounds[1:], strict=True)
+    ])
+    return rows.sort_values(["node", "ts"], kind="stable")
+
+
+def _fit_logistic(data: LabelledData, rows: pd.DataFrame, seed: int) -> LogisticBaseline:
+    """The logistic baseline fitted on ``rows`` of ``data`` (:func:`_logistic_rows`)."""
+    rows = data.with_features(rows)
+    return LogisticBaseline(data.feature_names, seed=seed).fit(rows, rows["label"].to_numpy())
 
 
 def fold_scores(
     data: LabelledData,
-    train: pd.DataFrame,
+    rows: pd.DataFrame,
+    logistic_rows: pd.DataFrame,
     block: pd.DataFrame,
     params: dict[str, Any],
     *,
     rounds: int,
     prior_weight: float,
-    negatives_per_positive: float,
-    censor_ms: int,
     seed: int,
     dask_address: str | None = None,
-    negative_rate: float = 1.0,
 ) -> dict[str, np.ndarray]:
-    """A fold's models (:mod:`foreshock.models.folds`): the recipe on ``train`` (rows of ``data``)
-    with the model's own choices (``rounds`` trees, ``prior_weight``), its margin Platt-calibrated
-    on ``block``; every predictor's scores on ``block``, in its row order."""
+    """A fold's models (:mod:`foreshock.models.folds`): the recipe's trees on ``rows``
+    (:func:`booster_rows` of the fold's training rows, rows of ``data``) and its logistic baseline
+    on ``logistic_rows``, with the model's own choices (``rounds`` trees, ``prior_weight``), its
+    margin Platt-calibrated on ``block``; every predictor's scores on ``block``, in its row order."""
     names = data.feature_names
-    logistic = _fit_logistic(data.with_features(_logistic_rows(train, seed)), names, seed)
-    rows = booster_rows(train, censor_ms=censor_ms, negatives_per_positive=negatives_per_positive,
-                        negative_rate=negative_rate, seed=seed)
+    logistic = _fit_logistic(data, logistic_rows, seed)
     init = (prior_weight * log_odds(logistic, rows, data), None) if prior_weight > 0 else None
     weight = rows[WEIGHT].to_numpy() if WEIGHT in rows else None
     booster = fit_booster(data.feature_rows(rows), rows["label"].to_numpy(), None, None, params, dask_address,
                           init=init, rounds=rounds, weight=weight)
-    del rows
 
     def as_model(calibration: tuple[float, float]) -> RiskModel:
         return RiskModel(booster, feature_names=names, feature_set_hash="fold", threshold=1.0,
@@ -880,7 +902,6 @@ def train_on(
     budget_per_1000_node_days: float = 1.0,
     params: dict[str, Any] | None = None,
     dask_address: str | None = None,
-    negatives_per_positive: float = NEGATIVES_PER_POSITIVE,
     censor_ms: int = CENSOR_MS,
     clear_ms: int = ALERT_CLEAR_MS,
     seed: int = 0,
@@ -912,7 +933,6 @@ def train_on(
         budget_per_1000_node_days=budget_per_1000_node_days,
         params=params,
         dask_address=dask_address,
-        negatives_per_positive=negatives_per_positive,
         censor_ms=censor_ms,
         clear_ms=clear_ms,
         seed=seed,

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from foreshock.models.alerting import EvalRows
-from foreshock.models.folds import choose_thresholds, fold_training_rows, out_of_fold, time_folds
+from foreshock.models.folds import Fold, choose_thresholds, fold_outside, out_of_fold, time_folds
 
 MIN = 60_000
 H = 60 * MIN
@@ -46,29 +46,27 @@ def test_time_folds_cut_the_training_period_and_end_with_validation():
 def test_a_fold_model_never_trains_on_its_block_or_the_horizon_either_side():
     history = pd.concat([TRAIN, VAL])
     fold = time_folds(TRAIN, VAL, 4)[1]
-    kept = fold_training_rows(history, fold, H)["ts"]
+    kept = history["ts"][fold_outside(history, fold, H)]
     assert ((kept < fold.start_ms - H) | (kept >= fold.end_ms + H)).all()
     gap = history["ts"][(history["ts"] >= fold.start_ms - H) & (history["ts"] < fold.end_ms + H)]
     assert len(kept) + len(gap) == len(history) and len(gap) > 0
 
 
 def test_out_of_fold_scores_each_block_once_with_its_own_model_and_keeps_blocks_apart():
-    seen: list[tuple[pd.DataFrame, pd.DataFrame]] = []
+    seen: list[tuple[Fold, pd.DataFrame]] = []
 
-    def fit_fold(train: pd.DataFrame, block: pd.DataFrame) -> dict[str, np.ndarray]:
-        seen.append((train, block))
+    def fit_fold(fold: Fold, block: pd.DataFrame) -> dict[str, np.ndarray]:
+        seen.append((fold, block))
         ts = block["ts"].to_numpy(dtype=float)
         return {"model": ts, "rules": -ts}  # a score that names its row
 
     val_scores = {"model": VAL["ts"].to_numpy(dtype=float), "rules": -VAL["ts"].to_numpy(dtype=float)}
-    scored = out_of_fold(TRAIN, VAL, val_scores, fit_fold, horizon_ms=H, cadence_ms=MIN, clear_ms=30 * MIN,
-                         folds=4, training_columns=("node", "ts", "label"))
+    scored = out_of_fold(TRAIN, VAL, val_scores, fit_fold, cadence_ms=MIN, clear_ms=30 * MIN, folds=4)
     assert len(seen) == 3 and [s.fold.scored_by for s in scored][-1] == "model"
-    for (train, block), fold in zip(seen, scored, strict=False):
-        assert list(train.columns) == ["node", "ts", "label"]  # a fold copies only what it trains on
-        lo, hi = block["ts"].min(), block["ts"].max()
-        assert not train["ts"].between(lo - H, hi + H - 1).any()  # neither the block nor its purge gaps
-        assert len(block) == len(fold.rows.frame)
+    for (fold, block), s in zip(seen, scored, strict=False):
+        assert fold == s.fold
+        assert block["ts"].between(fold.start_ms, fold.end_ms - 1).all()  # the block is the fold's rows
+        assert len(block) == len(s.rows.frame)
     assert sum(len(s.rows.frame) for s in scored) == len(TRAIN) + len(VAL)  # every row scored once
     for s in scored:
         frame = s.rows.frame
@@ -80,10 +78,10 @@ def test_out_of_fold_scores_each_block_once_with_its_own_model_and_keeps_blocks_
 def test_pooled_folds_keep_an_episode_from_spanning_two_blocks():
     """A node alerting on both sides of a block boundary raises two false alarms: the blocks are
     scored by different models, and the pool never joins their rows."""
-    def fit_fold(train, block):
+    def fit_fold(fold, block):
         return {"model": np.ones(len(block))}  # every row of every fold alerts
 
-    scored = out_of_fold(TRAIN, VAL, {"model": np.ones(len(VAL))}, fit_fold, horizon_ms=H, cadence_ms=MIN,
+    scored = out_of_fold(TRAIN, VAL, {"model": np.ones(len(VAL))}, fit_fold, cadence_ms=MIN,
                          clear_ms=30 * MIN, folds=4)
     choice = choose_thresholds(scored, budget_per_1000_node_days=1e6, confidence=0.9)["model"]
     assert choice.false_alarms == 4 * 3  # one episode per node and fold

@@ -14,14 +14,24 @@ from typer.testing import CliRunner
 
 import foreshock.features.batch
 import foreshock.models.frame
+import foreshock.models.train
 from foreshock.cli import app
 from foreshock.features import DEFAULT_FEATURE_SET as FS
 from foreshock.features.batch import compute_features
 from foreshock.features.table import FeatureTableError
 from foreshock.models.artifact import RiskModel
 from foreshock.models.evaluate import evaluate
+from foreshock.models.folds import time_folds
 from foreshock.models.frame import CACHE_DIR, CATEGORY_COLUMNS, TableOnDask, build_labelled, feature_table
-from foreshock.models.train import FAR_FROM_FAILURE_MS, WEIGHT, thin_far_negatives, train_from_dataset
+from foreshock.models.train import (
+    FAR_FROM_FAILURE_MS,
+    WEIGHT,
+    _logistic_rows,
+    booster_rows,
+    fold_training_rows,
+    thin_far_negatives,
+    train_from_dataset,
+)
 from tests.fixtures.model_data import make_synthetic_cluster
 
 HOUR = 3_600_000
@@ -192,7 +202,7 @@ def test_a_table_of_another_dataset_or_cadence_is_an_error(cluster, other, table
         assert not (out / "metrics.json").exists()
 
 
-def test_thinning_keeps_what_matters_and_weights_the_far_negatives(cluster):
+def test_thinning_keeps_what_matters_and_weights_the_far_negatives(cluster, monkeypatch):
     frame = build_labelled(cluster.data_dir, HOUR, features=cluster.features).frame
     thinned = thin_far_negatives(frame, 0.25, seed=4)
     ahead = (frame["failure_ts"].astype("float64") - frame["ts"]).fillna(np.inf)
@@ -209,6 +219,26 @@ def test_thinning_keeps_what_matters_and_weights_the_far_negatives(cluster):
     assert thin_far_negatives(half, 0.25, seed=4).index.tolist() == in_half
     assert thin_far_negatives(frame, 0.25, seed=5).index.tolist() != thinned.index.tolist()
     assert thin_far_negatives(frame, 1.0, seed=4) is frame
+    monkeypatch.setattr(foreshock.models.train, "THIN_BLOCK_ROWS", 1_000)  # judged a block at a time
+    pd.testing.assert_frame_equal(thin_far_negatives(frame, 0.25, seed=4), thinned)
+
+
+def test_a_fold_trains_on_the_rows_a_copy_of_the_periods_outside_it_would_give(cluster):
+    """The fold models' rows come from the periods' booster rows and labels, never from a copy of
+    the rows outside the fold; they are the rows that copy would give, in the same order."""
+    frame = build_labelled(cluster.data_dir, HOUR, features=cluster.features).frame
+    cut = frame["ts"] < frame["ts"].quantile(0.7)
+    train, val = frame.loc[cut], frame.loc[~cut & (frame["ts"] > frame["ts"].quantile(0.75))]
+    booster = dict(censor_ms=6 * HOUR, negative_rate=0.25, seed=4)
+    periods = [(p, booster_rows(p, **booster)) for p in (train, val)]
+    for fold in time_folds(train, val, 4)[:3]:
+        trees, logistic = fold_training_rows(periods, fold, HOUR, seed=4)
+        ts = pd.concat([train, val])["ts"]
+        copy = pd.concat([train, val]).loc[(ts < fold.start_ms - HOUR) | (ts >= fold.end_ms + HOUR)]
+        assert 0 < len(copy) < len(train) + len(val) and logistic["label"].sum() > 0
+        pd.testing.assert_frame_equal(trees, booster_rows(copy, **booster))
+        pd.testing.assert_frame_equal(logistic, _logistic_rows([(copy, None)], seed=4))
+        assert (logistic["label"] == 0).sum() == 10 * logistic["label"].sum()  # a draw, not every row
 
 
 def test_training_states_its_subsampling(cluster, tmp_path):
