@@ -49,9 +49,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["EvalRows", "EVAL_COLUMNS", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES", "AFTER_RETURN_MS",
-           "WARNING_MINUTES", "BUDGET_CONFIDENCE", "BudgetChoice", "budget_threshold", "episode_starts",
-           "median_interval", "most_within", "poisson_upper_bound", "sorted_by_node_ts"]
+__all__ = ["EvalRows", "EVAL_COLUMNS", "after_return", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES",
+           "AFTER_RETURN_MS", "WARNING_MINUTES", "BUDGET_CONFIDENCE", "BudgetChoice", "budget_threshold",
+           "episode_starts", "median_interval", "most_within", "poisson_upper_bound", "sorted_by_node_ts"]
 
 DAY_MS = 86_400_000
 ALERT_CLEAR_MS = 30 * 60_000
@@ -60,8 +60,9 @@ AFTER_RETURN_MS = 60 * 60_000  # ``false_alarms_after_return``: the longest erro
 WARNING_MINUTES = 15  # ``caught_15_minutes_ahead``: time to checkpoint, drain and migrate ranks
 # one-sided confidence of the false-alarm bound the budget threshold keeps within budget
 BUDGET_CONFIDENCE = 0.9
-# what EvalRows reads of a labelled frame (``returned_ts`` when there); scores come beside them
-EVAL_COLUMNS = ("node", "ts", "label", "failure_ts", "cause", "detectable", "returned_ts")
+# what EvalRows reads of a labelled frame, and ``returned_ts`` or its :func:`after_return` flags
+# when there; scores come beside them
+EVAL_COLUMNS = ("node", "ts", "label", "failure_ts", "cause", "detectable")
 
 
 def episode_starts(stretch: np.ndarray, ts: np.ndarray, clear_ms: int, cadence_ms: int) -> np.ndarray:
@@ -157,6 +158,33 @@ def sorted_by_node_ts(frame: pd.DataFrame) -> bool:
     return bool(np.all(after | (same & (ts[1:] >= ts[:-1]))))
 
 
+def after_return(rows: pd.DataFrame) -> np.ndarray:
+    """Whether each row lies within :data:`AFTER_RETURN_MS` after its node came back from repair
+    (its ``returned_ts``; False without one). A frame of every row of a fleet's month holds this
+    flag (a byte) in place of ``returned_ts`` (eight)."""
+    if "returned_ts" not in rows:
+        return np.zeros(len(rows), dtype=bool)
+    returned = rows["returned_ts"].astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+    return rows["ts"].to_numpy(dtype=np.float64) - returned <= AFTER_RETURN_MS
+
+
+def _stretches(node: np.ndarray, ts: np.ndarray, gap: float, block: int = 1 << 24) -> np.ndarray:
+    """Each row's stretch (int32, from 1): a new one at each row whose node differs from the row
+    before or that comes more than ``gap`` after it. A block of rows at a time: a fleet's month
+    is 85 M rows, and the differences of all of them at once would take 8 bytes a row. A block's
+    differences are larger than glibc keeps on its heap, so they go back to the system."""
+    stretch = np.empty(ts.size, dtype=np.int32)
+    last = 0
+    for lo in range(0, ts.size, block):
+        hi, at = min(lo + block, ts.size), max(lo, 1)  # the very first row starts a stretch
+        new = np.ones(hi - lo, dtype=bool)
+        new[at - lo :] = (node[at:hi] != node[at - 1 : hi - 1]) | (np.diff(ts[at - 1 : hi]) > gap)
+        np.cumsum(new, dtype=np.int32, out=stretch[lo:hi])
+        stretch[lo:hi] += last
+        last = int(stretch[hi - 1])
+    return stretch
+
+
 @dataclass
 class EvalRows:
     """Labelled rows sorted by (node, ts), prepared once for many thresholds and predictors.
@@ -180,23 +208,20 @@ class EvalRows:
         del codes
         self._ts = f["ts"].to_numpy(dtype=np.int64)
         self.label = f["label"].to_numpy(dtype=np.int8)
-        contiguous = np.ones(len(f), dtype=bool)
-        contiguous[0:1] = False
-        contiguous[1:] = (node[1:] == node[:-1]) & (np.diff(self._ts) <= 1.5 * self.cadence_ms)
+        self._stretch = _stretches(node, self._ts, 1.5 * self.cadence_ms)
         del node
-        self._stretch = np.cumsum(~contiguous, dtype=np.int32)
         pos = f.loc[self.label == 1, ["node", "failure_ts", "cause", "detectable"]]
         self.failures = pos.drop_duplicates(["node", "failure_ts"]).reset_index(drop=True)
         key = pd.MultiIndex.from_frame(self.failures[["node", "failure_ts"]])
         self._failure_of_pos = key.get_indexer(pd.MultiIndex.from_frame(pos[["node", "failure_ts"]]))
         self._pos_rows = np.flatnonzero(self.label == 1)
 
-    def _returned_at(self, rows: np.ndarray) -> np.ndarray:
-        """When the node of each of ``rows`` last came back from repair (NaN: not in these rows)."""
-        if "returned_ts" not in self.frame:
-            return np.full(rows.size, np.nan)
-        returned = self.frame["returned_ts"].iloc[rows]
-        return returned.astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
+    def _after_return(self, rows: np.ndarray) -> np.ndarray:
+        """Whether each of ``rows`` (places in :attr:`frame`) lies within :data:`AFTER_RETURN_MS`
+        after its node came back from repair (:func:`after_return`)."""
+        if "after_return" in self.frame:
+            return self.frame["after_return"].to_numpy(dtype=bool)[rows]
+        return after_return(self.frame.iloc[rows])
 
     @property
     def node_days(self) -> float:
@@ -271,7 +296,6 @@ class EvalRows:
         alert = score >= threshold
         first, true = self._episodes(alert)
         n_ep, n_false = int(first.size), int(np.count_nonzero(~true))
-        since_return = self._ts[first[~true]] - self._returned_at(first[~true])
         pos_alert = alert[self._pos_rows]
         nf = len(self.failures)
         caught = self.caught(alert)
@@ -293,7 +317,7 @@ class EvalRows:
             "alert_episodes": n_ep,
             "false_alarms": n_false,
             "false_alarms_per_1000_node_days": n_false / self.node_days * 1000.0 if self.node_days else 0.0,
-            "false_alarms_after_return": int(np.count_nonzero(since_return <= AFTER_RETURN_MS)),
+            "false_alarms_after_return": int(np.count_nonzero(self._after_return(first[~true]))),
             "row_recall_at_budget": tp_rows / int(self.label.sum()) if self.label.any() else None,
             "row_precision_at_budget": tp_rows / n_alert_rows if n_alert_rows else None,
             "median_lead_minutes": float(np.median(lead)) if lead.size else None,

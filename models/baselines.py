@@ -175,10 +175,11 @@ class RuleEvidence:
     def of(self, rows: pd.DataFrame) -> pd.DataFrame:
         """``rule_critical`` (critical Xids plus uncorrectable-ECC increases in the window) and
         ``rule_sbe_per_min`` (single-bit ECC increase per minute over the window) of each row of
-        ``rows`` (node, ts), from raw telemetry at or before ts."""
+        ``rows`` (node, ts), from raw telemetry at or before ts. The count is float32, exact to
+        16 M and half the bytes in a frame of a fleet's month."""
         w = self.window_ms
         critical = _window_sum(rows, self.xid, "critical", w)
-        critical = critical + _window_sum(rows, self.gpu, "uncorrectable", w)
+        critical = (critical + _window_sum(rows, self.gpu, "uncorrectable", w)).astype(np.float32)
         sbe = _window_sum(rows, self.gpu, "sbe", w) / (w / 60_000)
         return pd.DataFrame({"rule_critical": critical, "rule_sbe_per_min": sbe}, index=rows.index)
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from foreshock.models.alerting import EVAL_COLUMNS, EvalRows
+from foreshock.models.alerting import EVAL_COLUMNS, EvalRows, after_return
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
 from foreshock.models.frame import (
@@ -219,7 +219,9 @@ def _score_dataset(
     kept: list[pd.DataFrame] = []
     sample = _Sample(SHAP_ROWS // pool_size)
     for i, chunk in enumerate(labelled.chunks(), start=1):
-        scored = chunk[[c for c in EVAL_COLUMNS if c in chunk]].assign(**scores_of(model, chunk))
+        scored = chunk[[c for c in EVAL_COLUMNS if c in chunk]].assign(
+            after_return=after_return(chunk), **scores_of(model, chunk)
+        )
         kept.append(compact_rows(scored))
         sample.add(chunk, model.feature_names)
         del chunk

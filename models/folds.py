@@ -114,7 +114,7 @@ def out_of_fold(
             block = train.loc[(ts >= fold.start_ms) & (ts < fold.end_ms)]
             scores = fit_fold(fold, block)
         # a fold's rows are judged by their episodes and catches, never by the alarms after a return
-        columns = [c for c in EVAL_COLUMNS if c in block and c != "returned_ts"]
+        columns = [c for c in EVAL_COLUMNS if c in block]
         kept = compact_rows(block[columns].assign(
             node=_prefixed(block["node"], f"{fold.index}/"), **{f"_score_{p}": s for p, s in scores.items()}
         ))

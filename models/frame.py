@@ -60,6 +60,8 @@ FEATURE_BLOCK_ROWS = 1 << 16
 # LightGBM, the boosters and the prior read the same rows several times over, and a table day read
 # again costs more than a small period's features held. Past it, one day is held at a time.
 KEEP_FEATURE_BYTES = 256 << 20
+# concat_compact hands freed pieces back to the system (release_freed_memory) after this many bytes
+RELEASE_BYTES = 128 << 20
 
 
 @dataclass
@@ -423,51 +425,113 @@ def compact_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` with those of :data:`CATEGORY_COLUMNS` it has as categories (sorted: a category
     column sorts as its values do), every column in memory of its own rather than one block per
     dtype, so that :func:`concat_compact` frees each as it goes."""
-    return pd.DataFrame(
-        {c: pd.Categorical(rows[c].to_numpy(dtype=object)) if c in CATEGORY_COLUMNS else rows[c].array.copy()
-         for c in rows.columns},
-        copy=False,
-    )
+    columns = {c: _category(rows[c].array) if c in CATEGORY_COLUMNS else rows[c].array.copy() for c in rows}
+    return pd.DataFrame(columns, copy=False)
+
+
+def _category(values: Any) -> pd.Categorical:
+    """``values`` as a category array (sorted categories), a copy."""
+    return pd.Categorical(np.asarray(values, dtype=object))
 
 
 def concat_compact(frames: list[pd.DataFrame], by_node_ts: bool = False) -> pd.DataFrame:
-    """:func:`compact_rows` frames as one, their category columns on the union of their
-    categories (a concat of categories that differ would fall back to objects); ``by_node_ts``:
+    """Frames as one, their category columns (made categories where they are not, as
+    :func:`compact_rows` makes them) on the union of their categories (a concat of categories
+    that differ would fall back to objects); ``by_node_ts``:
     in (node, ts) order, a stable sort. Empties ``frames``, which should hold the only references
     to them.
 
-    Built a column at a time, each frame's copy of it freed once the column is joined: the peak
-    is the rows once plus a column or two, not the rows twice over (a fleet's month is 85 M rows,
-    several GB in these columns)."""
+    Built a column at a time, each frame's copy of it freed once its rows are placed: the peak is
+    the rows once plus a column and each row's place, not the rows twice over (a fleet's month
+    is 85 M rows, several GB in these columns)."""
     if len(frames) == 1 and (not by_node_ts or sorted_by_node_ts(frames[0])):
         return frames.pop()
     names = list(frames[0].columns)
     parts = [{c: f[c].array for c in names} for f in frames]
     frames.clear()
-
-    def joined(name: str) -> Any:
-        pieces = [part.pop(name) for part in parts]
-        if name in CATEGORY_COLUMNS:
-            union = sorted(set().union(*(p.categories for p in pieces)))
-            codes = [p.set_categories(union).codes for p in pieces]
-            return pd.Categorical.from_codes(np.concatenate(codes), categories=union)
-        return pd.concat([pd.Series(p, copy=False) for p in pieces], ignore_index=True).array
-
-    columns = {"node": joined("node"), "ts": joined("ts")} if by_node_ts else {}
-    order = None
-    if by_node_ts:
-        order = np.lexsort((np.asarray(columns["ts"]), columns["node"].codes))
-        if np.all(order[1:] > order[:-1]):
-            order = None
-        else:
-            columns = {c: a.take(order) for c, a in columns.items()}
+    for part in parts:  # rows that are not compact_rows' have their category columns made so
+        part.update({c: _category(a) for c, a in part.items() if c in CATEGORY_COLUMNS
+                     and not isinstance(a, pd.Categorical)})
+    unions = {c: sorted(set().union(*(part[c].categories for part in parts)))
+              for c in names if c in CATEGORY_COLUMNS}
+    place = _places_by_node_ts(parts, unions["node"]) if by_node_ts else None
+    columns: dict[str, Any] = {}
     for name in names:
-        if name not in columns:
-            column = joined(name)
-            columns[name] = column if order is None else column.take(order)
-            del column
+        pieces = [part.pop(name) for part in parts]
+        if name in unions:
+            pieces = [p.set_categories(unions[name]).codes for p in pieces]
+            columns[name] = pd.Categorical.from_codes(_placed(pieces, place), categories=unions[name])
+        else:
+            columns[name] = _placed(pieces, place)
+        release_freed_memory()
+    return pd.DataFrame(columns, copy=False)
+
+
+def _places_by_node_ts(parts: list[dict[str, Any]], nodes: list[str]) -> np.ndarray | None:
+    """Where each row of the ``parts`` (one after another) goes in (node, ts) order, a stable
+    sort (None: they are in that order already); ``nodes``: the union of their node categories.
+
+    When the parts hold each node's hours in time order one part after another (a table's
+    partitions read in turn, frames already sorted), each part is sorted by itself and its rows
+    of a node placed after those of the parts before it: memory holds an index a row. Otherwise
+    every row is sorted at once (the keys, an order and sort buffers: some 25 bytes a row)."""
+    codes = [np.asarray(part["node"].set_categories(nodes).codes) for part in parts]
+    total = sum(c.size for c in codes)
+    place = np.empty(total, dtype=np.int32 if total < 2**31 else np.int64)
+    counts = sum(np.bincount(c, minlength=len(nodes)) for c in codes)
+    free = np.cumsum(counts) - counts  # each node's next place
+    last = np.full(len(nodes), np.iinfo(np.int64).min)  # each node's latest ts so far
+    lo = 0
+    for part, code in zip(parts, codes, strict=True):
+        if not code.size:
+            continue
+        ts = np.asarray(part["ts"], dtype=np.int64)
+        order = np.lexsort((ts, code))
+        code, ts = code[order], ts[order]
+        first = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])  # each node's first row in the part
+        run = np.diff(np.r_[first, code.size])
+        mine = code[first]
+        if np.any(ts[first] < last[mine]):
+            del place
+            return _sorted_places(parts, codes)
+        last[mine] = ts[first + run - 1]
+        place[lo + order] = free[code] + np.arange(code.size) - np.repeat(first, run)
+        free[mine] += run
+        lo += code.size
+    return None if np.all(place[1:] > place[:-1]) else place
+
+
+def _sorted_places(parts: list[dict[str, Any]], codes: list[np.ndarray]) -> np.ndarray:
+    """:func:`_places_by_node_ts` of rows in any order: a stable sort of every row at once."""
+    ts = np.concatenate([np.asarray(part["ts"], dtype=np.int64) for part in parts])
+    order = np.lexsort((ts, np.concatenate(codes)))
+    del ts
+    place = np.empty(order.size, dtype=np.int32 if order.size < 2**31 else np.int64)
+    place[order] = np.arange(order.size, dtype=place.dtype)
+    return place
+
+
+def _placed(pieces: list[Any], place: np.ndarray | None) -> Any:
+    """The ``pieces`` (arrays) as one, the k-th of their rows at ``place[k]`` (in turn without
+    ``place``), each piece dropped from ``pieces`` once placed. Pieces of different dtypes are
+    joined by pandas first, which finds their common dtype."""
+    pieces[:] = [p.to_numpy() if isinstance(p, pd.arrays.NumpyExtensionArray) else p for p in pieces]
+    if len({p.dtype for p in pieces}) > 1:
+        pieces[:] = [pd.concat([pd.Series(p, copy=False) for p in pieces], ignore_index=True).array]
+    dtype, total = pieces[0].dtype, sum(len(p) for p in pieces)
+    out = np.empty(total, dtype=dtype) if isinstance(dtype, np.dtype) else dtype.empty((total,))
+    lo = freed = 0
+    for i, piece in enumerate(pieces):
+        pieces[i] = None
+        hi = lo + len(piece)
+        out[slice(lo, hi) if place is None else place[lo:hi]] = piece
+        freed += piece.nbytes
+        del piece
+        if freed >= RELEASE_BYTES:  # the freed pieces would stay resident beside the new column
             release_freed_memory()
-    return pd.DataFrame({c: columns.pop(c) for c in names}, copy=False)
+            freed = 0
+        lo = hi
+    return out
 
 
 def open_labelled(

@@ -73,7 +73,7 @@ from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
 from foreshock.models.evaluate import PREDICTORS, predictor_metrics, write_outputs
 from foreshock.models.folds import FOLDS, Fold, choose_thresholds, fold_outside, out_of_fold
-from foreshock.models.frame import FeatureRows, LabelledData, TableOnDask, build_labelled
+from foreshock.models.frame import FeatureRows, LabelledData, TableOnDask, build_labelled, concat_compact
 from foreshock.models.ranking import average_precision
 from foreshock.models.splits import make_split
 
@@ -804,14 +804,20 @@ def score_parts(
     data: LabelledData, fitted: Fitted, parts: dict[str, pd.DataFrame], cadence_ms: int, clear_ms: int
 ) -> dict[str, tuple[EvalRows, dict]]:
     """Every predictor's scores on validation, test and the held-out nodes' test rows (rows of
-    ``data``), a table day at a time. Each part's rows keep their place in ``data`` (:data:`ROW`)."""
+    ``data``), a table partition at a time. Each part's rows keep their place in ``data``
+    (:data:`ROW`). Takes the parts out of ``parts``: each is sorted into EvalRows' (node, ts)
+    order with its scores a column at a time (:func:`concat_compact`), never held twice."""
     scorers = {"model": fitted.model.predict_proba, "rules": rule_scores, "logistic": fitted.logistic.score}
     evaluated: dict[str, tuple[EvalRows, dict]] = {}
     for part in ("test", "val", "test_unseen_nodes"):
-        ordered = parts[part].sort_values(["node", "ts"], kind="stable")  # EvalRows' order
-        scores = data.scores(ordered, {p: scorers[p] for p in PREDICTORS})
-        rows = EvalRows(ordered.assign(**{ROW: ordered.index.to_numpy()}), cadence_ms, clear_ms)
-        evaluated[part] = (rows, scores)
+        frame = parts.pop(part)
+        scores = data.scores(frame, {p: scorers[p] for p in PREDICTORS})
+        columns = {c: frame[c].array for c in frame.columns}
+        columns.update({f"_score_{p}": s for p, s in scores.items()}, **{ROW: frame.index.to_numpy()})
+        held = [pd.DataFrame(columns, copy=False)]
+        del frame, columns, scores
+        rows = EvalRows(concat_compact(held, by_node_ts=True), cadence_ms, clear_ms)
+        evaluated[part] = (rows, {p: rows.frame[f"_score_{p}"].to_numpy() for p in PREDICTORS})
     return evaluated
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from foreshock.models.alerting import EvalRows
+from foreshock.models.alerting import EvalRows, _stretches, after_return
 
 MIN = 60_000
 
@@ -191,6 +191,10 @@ def test_false_alarms_soon_after_a_return_from_repair_are_counted_apart():
     m = rows.at_threshold(_score(rows.frame, [("n1", 5), ("n1", 45)]), 0.5)  # 40 min apart: two alarms
     assert (m["false_alarms"], m["false_alarms_after_return"]) == (2, 1)
     assert EvalRows(_frame(), MIN).at_threshold(np.ones(200), 0.5)["false_alarms_after_return"] == 0
+    # evaluate keeps the flags in place of returned_ts
+    flagged = frame.drop(columns=["returned_ts"]).assign(after_return=after_return(frame))
+    assert flagged["after_return"].sum() == 60  # minutes 40 to 99 of n1: the hour after its return
+    assert EvalRows(flagged, MIN).at_threshold(_score(rows.frame, [("n1", 5), ("n1", 45)]), 0.5) == m
 
 
 def test_a_dip_shorter_than_the_clearing_time_does_not_open_a_new_alarm():
@@ -242,3 +246,13 @@ def test_candidate_thresholds_are_the_rank_spaced_distinct_scores_read_in_blocks
         ranks = np.unique(np.geomspace(1, desc.size, 400).astype(int))
         expected = desc if desc.size <= 400 else desc[ranks - 1]
         np.testing.assert_array_equal(_candidates(score, block=block), expected)
+
+
+def test_stretches_read_a_block_at_a_time_break_at_each_new_node_and_gap():
+    rng = np.random.default_rng(2)
+    node = np.sort(rng.integers(0, 5, 1_000))
+    ts = np.cumsum(rng.choice([MIN, MIN, MIN, 3 * MIN], 1_000))
+    new = np.r_[True, (node[1:] != node[:-1]) | (np.diff(ts) > 1.5 * MIN)]
+    for block in (1, 7, 1_000, 4_096):
+        got = _stretches(node, ts, 1.5 * MIN, block=block)
+        assert got.dtype == np.int32 and np.array_equal(got, np.cumsum(new)), block

@@ -260,8 +260,8 @@ def test_a_cache_that_cannot_be_written_is_a_clear_error(tmp_path):
 
 def test_compact_frames_join_a_column_at_a_time_into_the_sorted_concat():
     """Days of rows join in (node, ts) order, categories on their union (a day whose causes are
-    all missing has categories of another dtype), each column in memory of its own: the join
-    frees a day's column once it is copied."""
+    all missing has categories of another dtype), a column of two dtypes in their common one, each
+    column in memory of its own: the join frees a day's column once its rows are placed."""
     rng = np.random.default_rng(0)
 
     def day(start: int, nodes: list[str], causes: list) -> pd.DataFrame:
@@ -270,6 +270,7 @@ def test_compact_frames_join_a_column_at_a_time_into_the_sorted_concat():
             "node": nodes, "ts": start + np.arange(n) * 60_000, "cause": causes,
             "score": rng.random(n), "logistic": rng.random(n),
             "returned_ts": pd.array([None] * (n - 1) + [start], dtype="Int64"),
+            "count": np.arange(n) if start == 0 else np.arange(n) + 0.5,  # int64, then float64
         })
 
     days = [day(0, ["n2", "n1", "n2"], ["hbm", None, "hbm"]), day(10**7, ["n3", "n1"], [None, None])]
@@ -286,3 +287,31 @@ def test_compact_frames_join_a_column_at_a_time_into_the_sorted_concat():
     )
     unsorted = foreshock.models.frame.concat_compact([foreshock.models.frame.compact_rows(d) for d in days])
     assert list(unsorted["node"]) == ["n2", "n1", "n2", "n3", "n1"]
+
+
+@pytest.mark.parametrize("parts_in_time_order", [True, False])
+def test_parts_join_in_the_order_of_a_stable_sort_by_node_and_ts(parts_in_time_order, monkeypatch):
+    """Day partitions read in turn are placed part by part; parts in any other order (here a later
+    day first, and repeated instants) are sorted as a whole: both give the stable sort's rows."""
+    rng = np.random.default_rng(1)
+    days = []
+    for d in range(5):
+        n = 400
+        days.append(pd.DataFrame({
+            "node": rng.choice([f"n{i:02d}" for i in range(12)], n),
+            "ts": d * 86_400_000 + np.sort(rng.integers(0, 86_400_000 // 60_000, n)) * 60_000,
+            "row": np.arange(n) + 1000 * d,  # which input row it was
+        }))
+    days.insert(2, days[0].iloc[:0])  # a partition with no rows left
+    if not parts_in_time_order:
+        days = days[::-1]
+    expected = pd.concat(days, ignore_index=True).sort_values(["node", "ts"], kind="stable")
+    sorted_as_a_whole = []
+    whole = foreshock.models.frame._sorted_places
+    monkeypatch.setattr(foreshock.models.frame, "_sorted_places",
+                        lambda *a: sorted_as_a_whole.append(1) or whole(*a))
+    joined = foreshock.models.frame.concat_compact([foreshock.models.frame.compact_rows(d) for d in days],
+                                                   by_node_ts=True)
+    assert len(sorted_as_a_whole) == (not parts_in_time_order)
+    np.testing.assert_array_equal(joined["row"].to_numpy(), expected["row"].to_numpy())
+    assert list(joined["node"]) == list(expected["node"]) and joined["ts"].tolist() == expected["ts"].tolist()
