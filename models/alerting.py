@@ -57,6 +57,7 @@ DAY_MS = 86_400_000
 ALERT_CLEAR_MS = 30 * 60_000
 EQUAL_RATES = (1.0, 2.0, 5.0, 10.0)  # false alarms per 1,000 node-days for ``recall_at_rates``
 AFTER_RETURN_MS = 60 * 60_000  # ``false_alarms_after_return``: the longest error-counter window
+EPISODE_BLOCK_ROWS = 1 << 22  # EvalRows finds a threshold's episodes this many rows at a time
 WARNING_MINUTES = 15  # ``caught_15_minutes_ahead``: time to checkpoint, drain and migrate ranks
 # one-sided confidence of the false-alarm bound the budget threshold keeps within budget
 BUDGET_CONFIDENCE = 0.9
@@ -185,6 +186,14 @@ def _stretches(node: np.ndarray, ts: np.ndarray, gap: float, block: int = 1 << 2
     return stretch
 
 
+def _stretch_bounds(stretch: np.ndarray, block: int) -> np.ndarray:
+    """Row bounds, from 0 to the last row, about ``block`` rows apart, each at the first row of a
+    stretch: the episodes of a threshold are found a block of rows at a time (at a low threshold
+    nearly every row alerts, and their places, stretches and times took 20 bytes a row)."""
+    cuts = np.searchsorted(stretch, stretch[np.arange(block, stretch.size, block) - 1] + 1, side="left")
+    return np.unique(np.r_[0, cuts, stretch.size])
+
+
 @dataclass
 class EvalRows:
     """Labelled rows sorted by (node, ts), prepared once for many thresholds and predictors.
@@ -209,6 +218,7 @@ class EvalRows:
         self._ts = f["ts"].to_numpy(dtype=np.int64)
         self.label = f["label"].to_numpy(dtype=np.int8)
         self._stretch = _stretches(node, self._ts, 1.5 * self.cadence_ms)
+        self._blocks = _stretch_bounds(self._stretch, EPISODE_BLOCK_ROWS)
         del node
         pos = f.loc[self.label == 1, ["node", "failure_ts", "cause", "detectable"]]
         self.failures = pos.drop_duplicates(["node", "failure_ts"]).reset_index(drop=True)
@@ -235,12 +245,16 @@ class EvalRows:
 
     def _episodes(self, alert: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each episode's first row (an index into :attr:`frame`) and whether it is a true alert."""
-        idx = np.flatnonzero(alert)
-        if idx.size == 0:
-            return idx, np.zeros(0, dtype=bool)
-        start = episode_starts(self._stretch[idx], self._ts[idx], self.clear_ms, self.cadence_ms)
-        starts = np.flatnonzero(start)
-        return idx[starts], np.maximum.reduceat(self.label[idx], starts) > 0
+        firsts, trues = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=bool)]
+        for lo, hi in zip(self._blocks[:-1], self._blocks[1:], strict=True):  # no episode spans two
+            idx = lo + np.flatnonzero(alert[lo:hi])
+            if idx.size == 0:
+                continue
+            start = episode_starts(self._stretch[idx], self._ts[idx], self.clear_ms, self.cadence_ms)
+            starts = np.flatnonzero(start)
+            firsts.append(idx[starts])
+            trues.append(np.maximum.reduceat(self.label[idx], starts) > 0)
+        return np.concatenate(firsts), np.concatenate(trues)
 
     def false_alarm_rate(self, alert: np.ndarray) -> float:
         """False alarms per 1,000 node-days."""

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import foreshock.models.alerting
 from foreshock.models.alerting import EvalRows, _stretches, after_return
 
 MIN = 60_000
@@ -256,3 +257,18 @@ def test_stretches_read_a_block_at_a_time_break_at_each_new_node_and_gap():
     for block in (1, 7, 1_000, 4_096):
         got = _stretches(node, ts, 1.5 * MIN, block=block)
         assert got.dtype == np.int32 and np.array_equal(got, np.cumsum(new)), block
+
+
+def test_episodes_found_a_block_of_rows_at_a_time_are_those_of_every_row_at_once(monkeypatch):
+    rng = np.random.default_rng(3)
+    frame = pd.concat([_frame(), _frame().assign(node=lambda f: f["node"] + "b")], ignore_index=True)
+    frame = frame.drop(index=rng.choice(len(frame), 40, replace=False)).reset_index(drop=True)  # gaps
+    alert = rng.random(len(frame)) < 0.3
+    whole = EvalRows(frame, MIN)
+    monkeypatch.setattr(foreshock.models.alerting, "EPISODE_BLOCK_ROWS", 7)
+    rows = EvalRows(frame, MIN)
+    inner = rows._blocks[1:-1]
+    assert len(inner) > 10 and np.all(rows._stretch[inner] != rows._stretch[inner - 1])  # at stretch starts
+    for got, want in zip(rows._episodes(alert), whole._episodes(alert), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert rows.at_threshold(alert.astype(float), 0.5) == whole.at_threshold(alert.astype(float), 0.5)
