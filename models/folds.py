@@ -15,11 +15,11 @@ more node-days scored out of sample, so the whole history before the test period
   ahead to out of the fold model's labels, and every training label's failure out of the block.
 
 Each model's margin is Platt-calibrated on the block it scores, as the model's own is on
-validation, so thresholds on probabilities mean the same for all of them. A block's nodes are
-kept apart from the other blocks' (``<fold>/<node>``): no alert episode spans two blocks scored
-by two models. Blocks before the last are scored by models trained partly on later weeks; for a
-false-alarm rate that assumes only that healthy nodes behave alike across the history, and the
-test period and unseen datasets check it.
+validation, so thresholds on probabilities mean the same for all of them. Each block's alert
+episodes are counted apart from the other blocks' (:func:`choose_thresholds`): no episode spans
+two blocks scored by two models. Blocks before the last are scored by models trained partly on
+later weeks; for a false-alarm rate that assumes only that healthy nodes behave alike across the
+history, and the test period and unseen datasets check it.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from foreshock.features.table import release_freed_memory
 from foreshock.models.alerting import EVAL_COLUMNS, BudgetChoice, EvalRows, budget_threshold
 from foreshock.models.frame import compact_rows, concat_compact
 
@@ -113,27 +114,31 @@ def out_of_fold(
             ts = train["ts"].to_numpy(dtype=np.int64)
             block = train.loc[(ts >= fold.start_ms) & (ts < fold.end_ms)]
             scores = fit_fold(fold, block)
-        # a fold's rows are judged by their episodes and catches, never by the alarms after a return
-        columns = [c for c in EVAL_COLUMNS if c in block]
-        kept = compact_rows(block[columns].assign(
-            node=_prefixed(block["node"], f"{fold.index}/"), **{f"_score_{p}": s for p, s in scores.items()}
-        ))
-        rows = EvalRows(concat_compact([kept], by_node_ts=True), cadence_ms, clear_ms)
-        out.append(ScoredFold(fold, rows, {p: rows.frame[f"_score_{p}"].to_numpy() for p in scores}))
+        out.append(_scored_fold(fold, block, scores, cadence_ms, clear_ms))
+        del block, scores
+        release_freed_memory()
     return out
 
 
-def _prefixed(nodes: pd.Series, prefix: str) -> np.ndarray:
-    """``prefix`` + each node's name, one string object per node (not per row)."""
-    codes, names = pd.factorize(nodes.astype(str))
-    return np.array([prefix + n for n in names], dtype=object)[codes]
+def _scored_fold(
+    fold: Fold, block: pd.DataFrame, scores: Scores, cadence_ms: int, clear_ms: int
+) -> ScoredFold:
+    """``block``'s rows with their scores, holding only what the threshold counts: their episodes
+    and catches (:meth:`EvalRows.counting_only`), never the alarms after a return."""
+    columns = {c: block[c].array for c in EVAL_COLUMNS if c in block}
+    columns.update({f"_score_{p}": s for p, s in scores.items()})
+    kept = [compact_rows(pd.DataFrame(columns, copy=False))]
+    del columns
+    rows = EvalRows(concat_compact(kept, by_node_ts=True), cadence_ms, clear_ms)
+    fold_scores = {p: rows.frame[f"_score_{p}"].to_numpy() for p in scores}
+    return ScoredFold(fold, rows.counting_only(), fold_scores)
 
 
 def choose_thresholds(
     scored: list[ScoredFold], budget_per_1000_node_days: float, confidence: float
 ) -> dict[str, BudgetChoice]:
-    """Each predictor's budget threshold on the folds pooled (each fold's nodes are prefixed with
-    its index, so no alert episode spans two)."""
+    """Each predictor's budget threshold on the folds pooled, each fold's episodes counted apart
+    (:func:`~foreshock.models.alerting.budget_threshold` judges them part by part)."""
     return {
         p: budget_threshold([(f.rows, f.scores[p]) for f in scored], budget_per_1000_node_days, confidence)
         for p in scored[0].scores

@@ -430,7 +430,10 @@ def compact_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _category(values: Any) -> pd.Categorical:
-    """``values`` as a category array (sorted categories), a copy."""
+    """``values`` as a category array (sorted categories), a copy. A category array with sorted
+    categories is copied as it is: made anew it would take an object per row on the way."""
+    if isinstance(values, pd.Categorical) and values.categories.is_monotonic_increasing:
+        return values.copy()
     return pd.Categorical(np.asarray(values, dtype=object))
 
 

@@ -693,6 +693,7 @@ def fit(
 
     scored = out_of_fold(train, val, val_scores, fit_fold, cadence_ms=data.cadence_ms, clear_ms=clear_ms,
                          folds=folds)
+    del val_scores  # the validation fold holds its own copy
     selection = choose_thresholds(scored, budget_per_1000_node_days, budget_confidence)
     thresholds = {p: c.threshold for p, c in selection.items()}
     baselines = {
@@ -710,15 +711,16 @@ def cut_parts(
     frame: pd.DataFrame, masks: dict[str, np.ndarray], consume: bool = False
 ) -> dict[str, pd.DataFrame]:
     """``frame.loc[mask]`` for each part, cut a column at a time. With ``consume``, every column of
-    ``frame`` but ``_src`` is dropped from it once cut, so that the rows are held once and a
-    column, not twice, while they are cut."""
+    ``frame`` but ``_src`` is moved into the parts, dropped from ``frame`` once cut, so that the
+    rows are held once and a column, not twice, while they are cut; ``_src`` (each row's place in
+    its table day) stays in ``frame`` alone, where :class:`LabelledData` looks it up."""
     columns: dict[str, dict[str, Any]] = {name: {} for name in masks}
-    for col in list(frame.columns):
+    for col in [c for c in frame.columns if not (consume and c == "_src")]:
         values = frame[col].array  # a Series cut by a mask would keep the whole column alive
         for name, mask in masks.items():
             columns[name][col] = values[mask]
         del values
-        if consume and col != "_src":
+        if consume:
             del frame[col]
     return {name: pd.DataFrame(cols, index=frame.index[masks[name]], copy=False)
             for name, cols in columns.items()}
@@ -761,9 +763,11 @@ def _logistic_rows(periods: list[tuple[pd.DataFrame, np.ndarray | None]], seed: 
 
 
 def _fit_logistic(data: LabelledData, rows: pd.DataFrame, seed: int) -> LogisticBaseline:
-    """The logistic baseline fitted on ``rows`` of ``data`` (:func:`_logistic_rows`)."""
-    rows = data.with_features(rows)
-    return LogisticBaseline(data.feature_names, seed=seed).fit(rows, rows["label"].to_numpy())
+    """The logistic baseline fitted on ``rows`` of ``data`` (:func:`_logistic_rows`), reading the
+    features of the rows it fits on alone (:meth:`LogisticBaseline.rows_fitted`)."""
+    baseline = LogisticBaseline(data.feature_names, seed=seed)
+    rows = data.with_features(rows.iloc[baseline.rows_fitted(len(rows))])
+    return baseline.fit(rows, rows["label"].to_numpy())
 
 
 def fold_scores(

@@ -85,3 +85,17 @@ def test_logistic_log_odds_do_not_depend_on_how_many_rows_are_scored_at_once(mon
     for rows in (8, 64, 1000, 4096):
         monkeypatch.setattr(baselines, "_BLOCK_ROWS", rows)
         np.testing.assert_array_equal(lr.frame_log_odds(x), whole)
+
+
+def test_logistic_fits_the_rows_it_names_so_a_caller_reads_only_their_features():
+    rng = np.random.default_rng(2)
+    x = pd.DataFrame({"a": rng.normal(size=3000), "b": rng.normal(size=3000)})
+    y = (x["a"] + rng.normal(scale=0.5, size=len(x)) > 1.0).astype(int).to_numpy()
+    lr = LogisticBaseline(["a", "b"], max_rows=500, seed=3)
+    rows = lr.rows_fitted(len(x))
+    assert len(rows) == len(set(rows)) == 500
+    assert np.array_equal(LogisticBaseline(["a", "b"], max_rows=500).rows_fitted(400), np.arange(400))
+    whole = lr.fit(x, y)
+    named = LogisticBaseline(["a", "b"], max_rows=500, seed=3).fit(x.iloc[rows], y[rows])
+    np.testing.assert_array_equal(named.coef_, whole.coef_)
+    assert not np.array_equal(LogisticBaseline(["a", "b"], max_rows=500, seed=4).fit(x, y).coef_, whole.coef_)
