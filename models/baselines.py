@@ -88,26 +88,30 @@ def _gpu_increments(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
             continue
         df = pq.read_table(path, columns=["node", "ts", "gpu", *present]).to_pandas()
         df = df.iloc[np.argsort(df["ts"].to_numpy(dtype=np.int64), kind="stable")]
-        codes, uniques = pd.factorize(df["node"].astype(str))
-        ids = np.array([node_ids.setdefault(u, len(node_ids)) for u in uniques], dtype=np.int64)
+        codes, uniques = pd.factorize(df["node"])  # a category column: no string per row
+        ids = np.array([node_ids.setdefault(str(u), len(node_ids)) for u in uniques], dtype=np.int64)
         node = ids[codes]
         vals = np.stack(
             [df[c].to_numpy(dtype="float64", na_value=np.nan) if c in present else np.full(len(df), np.nan)
              for c in counters]
         )
         inc, carry = counter_increases(vals, node, df["gpu"].to_numpy(dtype=np.int64), carry)
+        uncorrectable, sbe = inc[: len(UNCORRECTABLE_COUNTERS)].sum(axis=0), inc[-1]
+        # a window sum reads only the increases: the rows without one are left out before they
+        # are grouped (a group's sum is that of its other rows), and the groups summing to none after
+        rose = (uncorrectable != 0) | (sbe != 0)
         out.append(
             pd.DataFrame(
                 {
-                    "nid": node,
-                    "ts": _bucket(df["ts"].to_numpy(dtype=np.int64), cadence_ms),
-                    "uncorrectable": inc[: len(UNCORRECTABLE_COUNTERS)].sum(axis=0),
-                    "sbe": inc[-1],
+                    "nid": node[rose],
+                    "ts": _bucket(df["ts"].to_numpy(dtype=np.int64)[rose], cadence_ms),
+                    "uncorrectable": uncorrectable[rose],
+                    "sbe": sbe[rose],
                 }
             )
             .groupby(["nid", "ts"], as_index=False)
             .sum()
-            .query("uncorrectable != 0 or sbe != 0")  # a window sum reads only the increases
+            .query("uncorrectable != 0 or sbe != 0")
         )
     if not out:
         return pd.DataFrame({"node": pd.Series(dtype=str), "ts": [], "uncorrectable": [], "sbe": []})
