@@ -391,6 +391,8 @@ class LabelledStream:
             keys.append(compact_rows(pd.concat([labelled, evidence.of(labelled)], axis=1)))
             days.append((day, at, at + len(labelled)))
             at += len(labelled)
+            del rows, labelled
+            release_freed_memory()  # a day's temporaries lie on the heap below the rows kept
             if progress is not None:
                 progress("labelling the feature table's rows", i + 1, len(self.table.days))
         if not keys:
