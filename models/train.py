@@ -713,7 +713,9 @@ def cut_parts(
     """``frame.loc[mask]`` for each part, cut a column at a time. With ``consume``, every column of
     ``frame`` but ``_src`` is moved into the parts, dropped from ``frame`` once cut, so that the
     rows are held once and a column, not twice, while they are cut; ``_src`` (each row's place in
-    its table day) stays in ``frame`` alone, where :class:`LabelledData` looks it up."""
+    its table day) stays in ``frame`` alone, where :class:`LabelledData` looks it up. A part's
+    index, the rows' positions in ``frame``, is int32 when they fit: 4 bytes a row less on a
+    fleet's month."""
     columns: dict[str, dict[str, Any]] = {name: {} for name in masks}
     for col in [c for c in frame.columns if not (consume and c == "_src")]:
         values = frame[col].array  # a Series cut by a mask would keep the whole column alive
@@ -722,8 +724,15 @@ def cut_parts(
         del values
         if consume:
             del frame[col]
-    return {name: pd.DataFrame(cols, index=frame.index[masks[name]], copy=False)
+    return {name: pd.DataFrame(cols, index=_positions(frame.index[masks[name]]), copy=False)
             for name, cols in columns.items()}
+
+
+def _positions(index: pd.Index) -> pd.Index:
+    """An integer index as int32 when every value fits (positions of a frame under 2**31 rows)."""
+    if index.dtype.kind != "i" or (len(index) and (index.min() < 0 or index.max() >= 2**31)):
+        return index
+    return index.astype(np.int32)
 
 
 def fold_training_rows(
