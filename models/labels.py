@@ -37,25 +37,58 @@ def failures(events: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["ts", "node"], kind="stable").reset_index(drop=True)
 
 
-def _asof(rows: pd.DataFrame, right: pd.DataFrame, direction: str, exact: bool) -> pd.DataFrame:
-    """merge_asof on (node, ts) that keeps ``rows``' order and index."""
-    left = rows[["node", "ts"]].assign(
-        _row=np.arange(len(rows)), ts=rows["ts"].astype("int64"), node=rows["node"].astype(str)
-    )
-    left = left.sort_values("ts", kind="stable")
-    right = right.assign(ts=right["ts"].astype("int64"), node=right["node"].astype(str))
-    right = right.sort_values("ts", kind="stable")
-    merged = pd.merge_asof(
-        left, right, on="ts", by="node", direction=direction, allow_exact_matches=exact, suffixes=("", "_r")
-    )
-    return merged.sort_values("_row", kind="stable").reset_index(drop=True)
+def _node_codes(nodes: pd.Series, names: pd.Index | None = None) -> tuple[np.ndarray, pd.Index]:
+    """Each row's node as a code into ``names`` (-1 for a node not among them); without
+    ``names``, the nodes' own names in order of appearance. A category column is coded without a
+    string per row."""
+    codes, uniques = pd.factorize(nodes)
+    uniques = pd.Index([str(u) for u in uniques])
+    if names is None:
+        return codes.astype(np.int64), uniques
+    return names.get_indexer(uniques)[codes].astype(np.int64), names
 
 
-def _where_positive(values: pd.Series, positive: np.ndarray) -> np.ndarray:
-    """``values`` on positive rows, NaN elsewhere, as objects: every NaN is the same object.
-    (A NaN boxed per row costs 32 bytes a row, gigabytes over a fleet's month of rows.)"""
-    out = np.full(len(values), np.nan, dtype=object)
-    out[positive] = values[positive].to_numpy(dtype=object)
+def _asof(
+    node: np.ndarray, ts: np.ndarray, ev_node: np.ndarray, ev_ts: np.ndarray, forward: bool
+) -> np.ndarray:
+    """Per row (``node`` code, ``ts``), the index of an event of the same node (-1: none): the
+    last at or before ``ts`` (at one instant, the last in table order), or with ``forward`` the
+    first strictly after it (the first in table order). The events are searched as one array
+    sorted by (node, ts), a row's key the same (node, ts) as one integer: no merge of every row."""
+    mine = np.flatnonzero(ev_node >= 0)
+    order = mine[np.lexsort((ev_ts[mine], ev_node[mine]))]  # stable: table order among equals
+    if not len(order) or not len(ts):
+        return np.full(len(ts), -1, dtype=np.int64)
+    t0 = min(int(ts.min()), int(ev_ts[order].min()))
+    span = max(int(ts.max()), int(ev_ts[order].max())) - t0 + 1
+    if (max(int(node.max()), int(ev_node[order].max())) + 1) * span >= 2**62:
+        raise ValueError("the rows and events span too long a time to be labelled")
+    keys = ev_node[order] * span + (ev_ts[order] - t0)
+    at = np.searchsorted(keys, node * span + (ts - t0), side="right")
+    if not forward:
+        at -= 1
+    inside = (at >= 0) & (at < len(keys))
+    found = np.full(len(ts), -1, dtype=np.int64)
+    found[inside] = order[at[inside]]
+    same = found >= 0
+    same[same] = ev_node[found[same]] == node[same]
+    return np.where(same, found, -1)
+
+
+def _of(values: np.ndarray, found: np.ndarray) -> np.ndarray:
+    """Each row's ``values`` of its event ``found`` (:func:`_asof`) as float64, NaN for none."""
+    out = np.full(len(found), np.nan)
+    hit = found >= 0
+    out[hit] = values[found[hit]]
+    return out
+
+
+def _where_positive(values: np.ndarray, found: np.ndarray, positive: np.ndarray) -> np.ndarray:
+    """``values`` of each positive row's event (``found``), NaN elsewhere, as objects: every NaN
+    is the same object. (A NaN boxed per row costs 32 bytes a row, gigabytes over a fleet's
+    month of rows.)"""
+    out = np.full(len(found), np.nan, dtype=object)
+    out[positive] = values[found[positive]]
     return out
 
 
@@ -76,30 +109,34 @@ def label_rows(
         if col in rows.columns:
             raise ValueError(f"rows already carry a {col!r} column")
     rows = rows.reset_index(drop=True)
-    end_ms = int(rows["ts"].max()) if end_ms is None and len(rows) else end_ms
-    lifecycle = events.loc[
-        events["event"].isin(UNAVAILABLE_EVENTS | RETURN_EVENTS), ["node", "ts", "event"]
-    ]
-    lifecycle = lifecycle.assign(_down=lifecycle["event"].isin(UNAVAILABLE_EVENTS))
-    # Several events at one instant: the last one in table order wins, so sort stably.
-    state = _asof(rows, lifecycle[["node", "ts", "_down"]], "backward", True)["_down"]
-    down = state.eq(True).to_numpy(dtype=bool)  # NaN (no event before the row): in service
-    back = lifecycle.loc[~lifecycle["_down"], ["node", "ts"]]
-    returned_ts = _asof(rows, back.assign(returned_ts=back["ts"]), "backward", True)["returned_ts"]
+    ts = rows["ts"].to_numpy(dtype=np.int64)
+    end_ms = int(ts.max()) if end_ms is None and len(rows) else end_ms
+    node, names = _node_codes(rows["node"])
 
-    fail = failures(events).rename(columns={"ts": "failure_ts"})
-    fail = fail.assign(ts=fail["failure_ts"])
-    nxt = _asof(rows, fail, "forward", False)
-    failure_ts = nxt["failure_ts"].astype("Int64")
-    delta = failure_ts.astype("float64").to_numpy() - rows["ts"].to_numpy(dtype="float64")
-    positive = np.nan_to_num(delta, nan=np.inf) <= horizon_ms
+    lifecycle = events.loc[events["event"].isin(UNAVAILABLE_EVENTS | RETURN_EVENTS)]
+    lc_node, _ = _node_codes(lifecycle["node"], names)
+    lc_ts = lifecycle["ts"].to_numpy(dtype=np.int64)
+    lc_down = lifecycle["event"].isin(UNAVAILABLE_EVENTS).to_numpy()
+    # several events at one instant: the last one in table order wins
+    down = _of(lc_down, _asof(node, ts, lc_node, lc_ts, forward=False)) == 1  # none before: in service
+    back = np.flatnonzero(~lc_down)
+    returned_ts = _of(lc_ts[back], _asof(node, ts, lc_node[back], lc_ts[back], forward=False))
 
-    keep = ~down & (rows["ts"].to_numpy() <= (end_ms - horizon_ms))
-    out = rows.assign(
+    fail = failures(events)
+    fail_node, _ = _node_codes(fail["node"], names)
+    fail_ts = fail["ts"].to_numpy(dtype=np.int64)
+    nxt = _asof(node, ts, fail_node, fail_ts, forward=True)
+    failure_ts = _of(fail_ts, nxt)
+    positive = np.nan_to_num(failure_ts - ts, nan=np.inf) <= horizon_ms
+
+    keep = np.flatnonzero(~down & (ts <= (end_ms - horizon_ms)))
+    nxt, positive = nxt[keep], positive[keep]
+    columns = {c: rows[c].array.take(keep) for c in rows.columns}
+    columns.update(
         label=positive.astype(np.int8),
-        failure_ts=failure_ts.to_numpy(),
-        cause=_where_positive(nxt["cause"], positive),
-        detectable=_where_positive(nxt["detectable"], positive),
-        returned_ts=returned_ts.astype("Int64").to_numpy(),
+        failure_ts=failure_ts[keep],
+        cause=_where_positive(fail["cause"].to_numpy(dtype=object), nxt, positive),
+        detectable=_where_positive(fail["detectable"].to_numpy(dtype=object), nxt, positive),
+        returned_ts=returned_ts[keep],
     )
-    return out.loc[keep].reset_index(drop=True)
+    return pd.DataFrame(columns, copy=False)
