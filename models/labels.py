@@ -99,9 +99,9 @@ def label_rows(
 
     ``rows`` needs ``node`` and ``ts`` (epoch ms) and may carry anything else (features);
     ``events`` is the dataset's node-event table. Adds ``label`` (int8), ``failure_ts`` (the next
-    failure's instant, NA when none follows), and the next failure's ``cause`` and ``detectable``
-    (NA unless the label is 1), and ``returned_ts`` (the node's last return before the row, NA when
-    none). ``end_ms`` defaults to the last row's ``ts``.
+    failure's instant, float64, NaN when none follows), the next failure's ``cause`` and
+    ``detectable`` (NA unless the label is 1), and ``returned_ts`` (the node's last return at or
+    before the row, float64, NaN when none). ``end_ms`` defaults to the last row's ``ts``.
     """
     if horizon_ms <= 0:
         raise ValueError("horizon must be positive")
