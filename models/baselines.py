@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from foreshock.features.buckets import counter_increases
 from foreshock.ingest.dataset import part_paths
+from foreshock.models.labels import node_codes
 
 __all__ = ["CRITICAL_XIDS", "RULE_COLUMNS", "RuleEvidence", "rule_inputs", "rule_scores", "LogisticBaseline"]
 
@@ -142,20 +143,23 @@ def _critical_xids(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
     )
 
 
-def _window_sum(rows: pd.DataFrame, series: pd.DataFrame, column: str, window_ms: int) -> np.ndarray:
-    """For each row (node, t): sum of ``series[column]`` over buckets in ``(t - window_ms, t]``."""
-    if series.empty or rows.empty:
-        return np.zeros(len(rows))
-    nodes = pd.Index(pd.unique(pd.concat([rows["node"], series["node"]], ignore_index=True)))
-    t0 = int(min(rows["ts"].min(), series["ts"].min())) - window_ms - 1
-    stride = int(max(rows["ts"].max(), series["ts"].max())) - t0 + window_ms + 2
-    skey = nodes.get_indexer(series["node"]).astype(np.int64) * stride + (
-        series["ts"].to_numpy(np.int64) - t0
-    )
+def _window_sum(
+    node: np.ndarray, names: pd.Index, ts: np.ndarray, series: pd.DataFrame, column: str, window_ms: int
+) -> np.ndarray:
+    """For each row (``node``, a code into ``names``, at ``ts``): sum of ``series[column]`` over
+    the node's buckets in ``(t - window_ms, t]``. The series' other nodes are left out."""
+    at, _ = node_codes(series["node"], names)
+    mine = np.flatnonzero(at >= 0)
+    if not len(mine) or not len(ts):
+        return np.zeros(len(ts))
+    sts = series["ts"].to_numpy(np.int64)[mine]
+    t0 = int(min(ts.min(), sts.min())) - window_ms - 1
+    stride = int(max(ts.max(), sts.max())) - t0 + window_ms + 2
+    skey = at[mine] * stride + (sts - t0)
     order = np.argsort(skey, kind="stable")
     skey = skey[order]
-    csum = np.concatenate([[0.0], np.cumsum(series[column].to_numpy(dtype="float64")[order])])
-    rkey = nodes.get_indexer(rows["node"]).astype(np.int64) * stride + (rows["ts"].to_numpy(np.int64) - t0)
+    csum = np.concatenate([[0.0], np.cumsum(series[column].to_numpy(dtype="float64")[mine][order])])
+    rkey = node * stride + (ts - t0)
     hi = np.searchsorted(skey, rkey, side="right")
     lo = np.searchsorted(skey, rkey - window_ms, side="right")
     return csum[hi] - csum[lo]
@@ -182,9 +186,11 @@ class RuleEvidence:
         ``rows`` (node, ts), from raw telemetry at or before ts. The count is float32, exact to
         16 M and half the bytes in a frame of a fleet's month."""
         w = self.window_ms
-        critical = _window_sum(rows, self.xid, "critical", w)
-        critical = (critical + _window_sum(rows, self.gpu, "uncorrectable", w)).astype(np.float32)
-        sbe = _window_sum(rows, self.gpu, "sbe", w) / (w / 60_000)
+        node, names = node_codes(rows["node"])
+        ts = rows["ts"].to_numpy(np.int64)
+        critical = _window_sum(node, names, ts, self.xid, "critical", w)
+        critical = (critical + _window_sum(node, names, ts, self.gpu, "uncorrectable", w)).astype(np.float32)
+        sbe = _window_sum(node, names, ts, self.gpu, "sbe", w) / (w / 60_000)
         return pd.DataFrame({"rule_critical": critical, "rule_sbe_per_min": sbe}, index=rows.index)
 
 

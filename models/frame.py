@@ -366,7 +366,7 @@ class LabelledStream:
 
     def _keys(self, read: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
         """Rows read of the table (node, ts) labelled, each with its place in what was read (``_src``)."""
-        rows = pd.DataFrame({"node": read["node"].astype(str).to_numpy(),
+        rows = pd.DataFrame({"node": _category(read["node"].array),
                              "ts": read["ts"].to_numpy(dtype=np.int64),
                              "_src": np.arange(len(read), dtype=np.int32)})
         return label_rows(rows, events, self.horizon_ms, end_ms=int(self.manifest["end_ms"]))
@@ -432,10 +432,13 @@ def compact_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _category(values: Any) -> pd.Categorical:
-    """``values`` as a category array (sorted categories), a copy. A category array with sorted
-    categories is copied as it is: made anew it would take an object per row on the way."""
-    if isinstance(values, pd.Categorical) and values.categories.is_monotonic_increasing:
-        return values.copy()
+    """``values`` as a category array (sorted categories), a copy. A category array (a table's
+    dictionary column) keeps its codes, recoded to sorted categories: made anew it would take an
+    object per row on the way."""
+    if isinstance(values, pd.Categorical):
+        if values.categories.is_monotonic_increasing:
+            return values.copy()
+        return values.reorder_categories(values.categories.sort_values())
     return pd.Categorical(np.asarray(values, dtype=object))
 
 

@@ -26,7 +26,7 @@ import pandas as pd
 
 from foreshock.ingest.contract import RETURN_EVENTS, UNAVAILABLE_EVENTS
 
-__all__ = ["failures", "label_rows"]
+__all__ = ["failures", "label_rows", "node_codes"]
 
 LABEL_COLUMNS = ("label", "failure_ts", "cause", "detectable", "returned_ts")
 
@@ -37,7 +37,7 @@ def failures(events: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["ts", "node"], kind="stable").reset_index(drop=True)
 
 
-def _node_codes(nodes: pd.Series, names: pd.Index | None = None) -> tuple[np.ndarray, pd.Index]:
+def node_codes(nodes: pd.Series, names: pd.Index | None = None) -> tuple[np.ndarray, pd.Index]:
     """Each row's node as a code into ``names`` (-1 for a node not among them); without
     ``names``, the nodes' own names in order of appearance. A category column is coded without a
     string per row."""
@@ -111,10 +111,10 @@ def label_rows(
     rows = rows.reset_index(drop=True)
     ts = rows["ts"].to_numpy(dtype=np.int64)
     end_ms = int(ts.max()) if end_ms is None and len(rows) else end_ms
-    node, names = _node_codes(rows["node"])
+    node, names = node_codes(rows["node"])
 
     lifecycle = events.loc[events["event"].isin(UNAVAILABLE_EVENTS | RETURN_EVENTS)]
-    lc_node, _ = _node_codes(lifecycle["node"], names)
+    lc_node, _ = node_codes(lifecycle["node"], names)
     lc_ts = lifecycle["ts"].to_numpy(dtype=np.int64)
     lc_down = lifecycle["event"].isin(UNAVAILABLE_EVENTS).to_numpy()
     # several events at one instant: the last one in table order wins
@@ -123,7 +123,7 @@ def label_rows(
     returned_ts = _of(lc_ts[back], _asof(node, ts, lc_node[back], lc_ts[back], forward=False))
 
     fail = failures(events)
-    fail_node, _ = _node_codes(fail["node"], names)
+    fail_node, _ = node_codes(fail["node"], names)
     fail_ts = fail["ts"].to_numpy(dtype=np.int64)
     nxt = _asof(node, ts, fail_node, fail_ts, forward=True)
     failure_ts = _of(fail_ts, nxt)
