@@ -93,7 +93,7 @@ def fold_outside(rows: pd.DataFrame, fold: Fold, horizon_ms: int) -> np.ndarray:
 def out_of_fold(
     train: pd.DataFrame,
     val: pd.DataFrame,
-    val_scores: Scores,
+    score_val: Callable[[], Scores],
     fit_fold: Callable[[Fold, pd.DataFrame], Scores],
     *,
     cadence_ms: int,
@@ -102,17 +102,23 @@ def out_of_fold(
 ) -> list[ScoredFold]:
     """Every fold's rows with every predictor's out-of-fold scores.
 
-    ``val_scores`` are the model's and the baselines' scores on ``val`` (in its row order);
-    ``fit_fold(fold, block_rows)`` fits the fold models on the rows of ``train`` and ``val``
-    outside the fold (:func:`fold_outside`) and returns their scores on ``block_rows`` (in its row
-    order)."""
+    ``score_val()`` gives the model's and the baselines' scores on ``val`` (in its row order),
+    asked for when the validation fold comes, the last; ``fit_fold(fold, block_rows)`` fits the
+    fold models on the rows of ``train`` and ``val`` outside the fold (:func:`fold_outside`) and
+    returns their scores on ``block_rows`` (in its row order). A block of ``train`` in time order
+    (as a feature table's rows are) is a slice of it, not a copy."""
     out: list[ScoredFold] = []
+    ts = train["ts"].to_numpy(dtype=np.int64)
+    in_time_order = bool(np.all(ts[1:] >= ts[:-1]))
     for fold in time_folds(train, val, folds):
         if fold.scored_by == "model":
-            block, scores = val, val_scores
+            block, scores = val, score_val()
         else:
-            ts = train["ts"].to_numpy(dtype=np.int64)
-            block = train.loc[(ts >= fold.start_ms) & (ts < fold.end_ms)]
+            if in_time_order:
+                lo, hi = np.searchsorted(ts, [fold.start_ms, fold.end_ms])
+                block = train.iloc[lo:hi]
+            else:
+                block = train.loc[(ts >= fold.start_ms) & (ts < fold.end_ms)]
             scores = fit_fold(fold, block)
         out.append(_scored_fold(fold, block, scores, cadence_ms, clear_ms))
         del block, scores

@@ -352,7 +352,10 @@ def _fit_booster(
                 else [],
                 callbacks=[_stop_after(history)] if judged else [],
             )
-        return _trim(booster, _best_iteration(history)) if judged else booster
+        if judged:
+            return _trim(booster, _best_iteration(history))
+        booster.free_dataset()  # the rows binned for training (a byte per feature a row): scoring needs none
+        return booster
     from distributed import Client
     from lightgbm.dask import DaskLGBMClassifier
 
@@ -678,22 +681,20 @@ def fit(
         prior_weight=weight,
     )
     scorers = {"model": unthresholded.predict_proba, "rules": rule_scores, "logistic": logistic.score}
-
-    val_scores = data.scores(val, {p: scorers[p] for p in PREDICTORS})
-
     val_rows = booster_rows(val, censor_ms=censor_ms, negative_rate=negative_rate, seed=seed)
     periods = [(train, rows), (val, val_rows)]
 
     def fit_fold(fold: Fold, block: pd.DataFrame) -> dict[str, np.ndarray]:
-        fold_rows, logistic_rows = fold_training_rows(periods, fold, data.horizon_ms, seed)
         return fold_scores(
-            data, fold_rows, logistic_rows, block, params,
+            data, periods, fold, block, params,
             rounds=booster.current_iteration(), prior_weight=weight, seed=seed, dask_address=dask_address,
         )
 
-    scored = out_of_fold(train, val, val_scores, fit_fold, cadence_ms=data.cadence_ms, clear_ms=clear_ms,
+    def score_val() -> dict[str, np.ndarray]:
+        return data.scores(val, {p: scorers[p] for p in PREDICTORS})
+
+    scored = out_of_fold(train, val, score_val, fit_fold, cadence_ms=data.cadence_ms, clear_ms=clear_ms,
                          folds=folds)
-    del val_scores  # the validation fold holds its own copy
     selection = choose_thresholds(scored, budget_per_1000_node_days, budget_confidence)
     thresholds = {p: c.threshold for p, c in selection.items()}
     baselines = {
@@ -781,8 +782,8 @@ def _fit_logistic(data: LabelledData, rows: pd.DataFrame, seed: int) -> Logistic
 
 def fold_scores(
     data: LabelledData,
-    rows: pd.DataFrame,
-    logistic_rows: pd.DataFrame,
+    periods: list[tuple[pd.DataFrame, pd.DataFrame]],
+    fold: Fold,
     block: pd.DataFrame,
     params: dict[str, Any],
     *,
@@ -791,16 +792,19 @@ def fold_scores(
     seed: int,
     dask_address: str | None = None,
 ) -> dict[str, np.ndarray]:
-    """A fold's models (:mod:`foreshock.models.folds`): the recipe's trees on ``rows``
-    (:func:`booster_rows` of the fold's training rows, rows of ``data``) and its logistic baseline
-    on ``logistic_rows``, with the model's own choices (``rounds`` trees, ``prior_weight``), its
-    margin Platt-calibrated on ``block``; every predictor's scores on ``block``, in its row order."""
+    """A fold's models (:mod:`foreshock.models.folds`): the recipe's trees and its logistic
+    baseline on the ``periods``' rows outside ``fold`` (:func:`fold_training_rows`), with the
+    model's own choices (``rounds`` trees, ``prior_weight``), its margin Platt-calibrated on
+    ``block``; every predictor's scores on ``block``, in its row order. The training rows are
+    let go before ``block`` is scored."""
     names = data.feature_names
+    rows, logistic_rows = fold_training_rows(periods, fold, data.horizon_ms, seed)
     logistic = _fit_logistic(data, logistic_rows, seed)
     init = (prior_weight * log_odds(logistic, rows, data), None) if prior_weight > 0 else None
     weight = rows[WEIGHT].to_numpy() if WEIGHT in rows else None
     booster = fit_booster(data.feature_rows(rows), rows["label"].to_numpy(), None, None, params, dask_address,
                           init=init, rounds=rounds, weight=weight)
+    del rows, logistic_rows, init, weight
 
     def as_model(calibration: tuple[float, float]) -> RiskModel:
         return RiskModel(booster, feature_names=names, feature_set_hash="fold", threshold=1.0,
