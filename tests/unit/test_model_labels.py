@@ -131,3 +131,23 @@ def test_training_censors_only_the_negatives_shortly_before_a_failure():
     assert sorted(gone["ts"]) == [m * MIN for m in range(320, 440)]
     assert (kept["label"] == 1).sum() == (labelled["label"] == 1).sum() == 60
     assert censor_before_failures(labelled, 0) is labelled
+
+
+@pytest.mark.parametrize("last, kept", [("up", True), ("down", False)])
+def test_of_several_events_at_one_instant_the_last_in_table_order_wins(last, kept):
+    first = "down" if last == "up" else "up"
+    events = _events(("n0", 50 * MIN, first, None, None), ("n0", 50 * MIN, last, None, None))
+    out = label_rows(_rows("n0", range(0, 200)), events, H, end_ms=400 * MIN)
+    assert (50 * MIN in set(out["ts"])) is kept and (120 * MIN in set(out["ts"])) is kept
+    assert 49 * MIN in set(out["ts"])  # before the instant the node was in service either way
+
+
+def test_a_row_takes_the_next_failure_of_its_own_node_strictly_after_it():
+    events = _events(("n1", 30 * MIN, "failed", "link", False), ("n0", 40 * MIN, "failed", "gpu", True),
+                     ("n0", 40 * MIN, "failed", "ecc", True))
+    rows = pd.concat([_rows("n0", range(0, 41)), _rows("n1", range(0, 31))], ignore_index=True)
+    out = label_rows(rows, events, H, end_ms=400 * MIN).set_index(["node", "ts"])
+    assert out.loc[("n0", 39 * MIN), "cause"] == "gpu"  # of two at one instant, the first in table order
+    assert out.loc[("n0", 29 * MIN), "failure_ts"] == 40 * MIN  # n1's failure at 30 min is not n0's
+    assert out.loc[("n1", 29 * MIN), "cause"] == "link" and out.loc[("n1", 29 * MIN), "label"] == 1
+    assert ("n0", 40 * MIN) not in out.index  # the failure instant itself is down
