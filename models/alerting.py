@@ -17,7 +17,7 @@ Definitions (used for every predictor alike, so the numbers compare):
   episodes.
 - **False alarms per 1,000 node-days** divides by the scored node-time: rows x cadence.
   ``false_alarms_after_return`` counts those that start within :data:`AFTER_RETURN_MS` after the
-  node came back from repair (``returned_ts`` from :mod:`foreshock.models.labels`): alarms that echo the
+  node came back from repair (``since_return_ms`` from :mod:`foreshock.models.labels`): alarms that echo the
   burst before the failure, which a feature set without
   :attr:`~foreshock.features.spec.FeatureSet.reset_on_return` still holds in its windows.
 - A **failure** is evaluated when at least one scored row lies in ``[f - H, f)`` (its positive
@@ -61,7 +61,7 @@ EPISODE_BLOCK_ROWS = 1 << 22  # EvalRows finds a threshold's episodes this many 
 WARNING_MINUTES = 15  # ``caught_15_minutes_ahead``: time to checkpoint, drain and migrate ranks
 # one-sided confidence of the false-alarm bound the budget threshold keeps within budget
 BUDGET_CONFIDENCE = 0.9
-# what EvalRows reads of a labelled frame, and ``returned_ts`` or its :func:`after_return` flags
+# what EvalRows reads of a labelled frame, and ``since_return_ms`` or its :func:`after_return` flags
 # when there; scores come beside them
 EVAL_COLUMNS = ("node", "ts", "label", "failure_ts", "cause", "detectable")
 
@@ -161,12 +161,11 @@ def sorted_by_node_ts(frame: pd.DataFrame) -> bool:
 
 def after_return(rows: pd.DataFrame) -> np.ndarray:
     """Whether each row lies within :data:`AFTER_RETURN_MS` after its node came back from repair
-    (its ``returned_ts``; False without one). A frame of every row of a fleet's month holds this
-    flag (a byte) in place of ``returned_ts`` (eight)."""
-    if "returned_ts" not in rows:
+    (its ``since_return_ms``; False without one). A frame of every row of a fleet's month holds
+    this flag (a byte) in place of ``since_return_ms`` (four)."""
+    if "since_return_ms" not in rows:
         return np.zeros(len(rows), dtype=bool)
-    returned = rows["returned_ts"].astype("Float64").to_numpy(dtype=np.float64, na_value=np.nan)
-    return rows["ts"].to_numpy(dtype=np.float64) - returned <= AFTER_RETURN_MS
+    return rows["since_return_ms"].to_numpy(dtype=np.int64) <= AFTER_RETURN_MS
 
 
 def _stretches(node: np.ndarray, ts: np.ndarray, gap: float, block: int = 1 << 24) -> np.ndarray:

@@ -183,14 +183,15 @@ class RuleEvidence:
     def of(self, rows: pd.DataFrame) -> pd.DataFrame:
         """``rule_critical`` (critical Xids plus uncorrectable-ECC increases in the window) and
         ``rule_sbe_per_min`` (single-bit ECC increase per minute over the window) of each row of
-        ``rows`` (node, ts), from raw telemetry at or before ts. The count is float32, exact to
-        16 M and half the bytes in a frame of a fleet's month."""
+        ``rows`` (node, ts), from raw telemetry at or before ts. Both are float32, half the bytes
+        in a frame of a fleet's month: the count exact to 16 M, the rate to seven digits, which
+        rounds each rate alike and so keeps the rules' ranking."""
         w = self.window_ms
         node, names = node_codes(rows["node"])
         ts = rows["ts"].to_numpy(np.int64)
         critical = _window_sum(node, names, ts, self.xid, "critical", w)
         critical = (critical + _window_sum(node, names, ts, self.gpu, "uncorrectable", w)).astype(np.float32)
-        sbe = _window_sum(node, names, ts, self.gpu, "sbe", w) / (w / 60_000)
+        sbe = (_window_sum(node, names, ts, self.gpu, "sbe", w) / (w / 60_000)).astype(np.float32)
         return pd.DataFrame({"rule_critical": critical, "rule_sbe_per_min": sbe}, index=rows.index)
 
 

@@ -13,10 +13,11 @@ Rows are left out when the answer is not a question an operator would ask, or no
 - in the last H of the recording (``end_ms - H < t``): a failure there could lie after the end
   of the data, so a 0 would be a guess (right-censoring).
 
-Each row also carries ``returned_ts``, the node's last ``repaired``/``up`` event at or before it:
-the evaluation counts the false alarms raised soon after a node came back (the feature windows
-start afresh at a return, so such an alarm is not an echo of the burst that preceded the
-failure). It is never a feature.
+Each row also carries ``since_return_ms``, the time since the node's last ``repaired``/``up`` event
+at or before it: the evaluation counts the false alarms raised soon after a node came back (the
+feature windows start afresh at a return, so such an alarm is not an echo of the burst that
+preceded the failure), and ``train --negative-rate`` keeps every row of the hours after a
+return. It is never a feature.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ import pandas as pd
 
 from foreshock.ingest.contract import RETURN_EVENTS, UNAVAILABLE_EVENTS
 
-__all__ = ["failures", "label_rows", "node_codes"]
+__all__ = ["NO_RECENT_RETURN_MS", "failures", "label_rows", "node_codes"]
 
-LABEL_COLUMNS = ("label", "failure_ts", "cause", "detectable", "returned_ts")
+LABEL_COLUMNS = ("label", "failure_ts", "cause", "detectable", "since_return_ms")
+# ``since_return_ms`` of a row whose node never returned, or returned longer ago than int32 holds
+# (24.8 days): every reader asks only whether a return lies within a few hours
+NO_RECENT_RETURN_MS = np.iinfo(np.int32).max
 
 
 def failures(events: pd.DataFrame) -> pd.DataFrame:
@@ -83,6 +87,15 @@ def _of(values: np.ndarray, found: np.ndarray) -> np.ndarray:
     return out
 
 
+def _since(ts: np.ndarray, event_ts: np.ndarray, found: np.ndarray) -> np.ndarray:
+    """Each row's time since its event ``found`` (:func:`_asof`) as int32, capped at
+    :data:`NO_RECENT_RETURN_MS`, which also stands for none."""
+    out = np.full(len(found), NO_RECENT_RETURN_MS, dtype=np.int64)
+    hit = found >= 0
+    out[hit] = ts[hit] - event_ts[found[hit]]
+    return np.minimum(out, NO_RECENT_RETURN_MS).astype(np.int32)
+
+
 def _where_positive(values: np.ndarray, found: np.ndarray, positive: np.ndarray) -> np.ndarray:
     """``values`` of each positive row's event (``found``), NaN elsewhere, as objects: every NaN
     is the same object. (A NaN boxed per row costs 32 bytes a row, gigabytes over a fleet's
@@ -100,8 +113,9 @@ def label_rows(
     ``rows`` needs ``node`` and ``ts`` (epoch ms) and may carry anything else (features);
     ``events`` is the dataset's node-event table. Adds ``label`` (int8), ``failure_ts`` (the next
     failure's instant, float64, NaN when none follows), the next failure's ``cause`` and
-    ``detectable`` (NA unless the label is 1), and ``returned_ts`` (the node's last return at or
-    before the row, float64, NaN when none). ``end_ms`` defaults to the last row's ``ts``.
+    ``detectable`` (NA unless the label is 1), and ``since_return_ms`` (the time since the node's
+    last return at or before the row, int32: four bytes a row where a timestamp takes eight;
+    :data:`NO_RECENT_RETURN_MS` when none). ``end_ms`` defaults to the last row's ``ts``.
     """
     if horizon_ms <= 0:
         raise ValueError("horizon must be positive")
@@ -120,7 +134,7 @@ def label_rows(
     # several events at one instant: the last one in table order wins
     down = _of(lc_down, _asof(node, ts, lc_node, lc_ts, forward=False)) == 1  # none before: in service
     back = np.flatnonzero(~lc_down)
-    returned_ts = _of(lc_ts[back], _asof(node, ts, lc_node[back], lc_ts[back], forward=False))
+    since_return = _since(ts, lc_ts[back], _asof(node, ts, lc_node[back], lc_ts[back], forward=False))
 
     fail = failures(events)
     fail_node, _ = node_codes(fail["node"], names)
@@ -137,6 +151,6 @@ def label_rows(
         failure_ts=failure_ts[keep],
         cause=_where_positive(fail["cause"].to_numpy(dtype=object), nxt, positive),
         detectable=_where_positive(fail["detectable"].to_numpy(dtype=object), nxt, positive),
-        returned_ts=returned_ts[keep],
+        since_return_ms=since_return[keep],
     )
     return pd.DataFrame(columns, copy=False)

@@ -68,6 +68,7 @@ import pandas as pd
 from sklearn.linear_model import LogisticRegression
 
 from foreshock.features.default_set import RISK_DIRECTIONS
+from foreshock.features.table import release_freed_memory
 from foreshock.models.alerting import ALERT_CLEAR_MS, BUDGET_CONFIDENCE, BudgetChoice, EvalRows
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
@@ -581,14 +582,12 @@ def thin_far_negatives(
     key = f"{seed % 10**16:016d}"  # pandas' row hash is stable across runs and processes
     for lo in range(0, len(rows), THIN_BLOCK_ROWS):  # the masks' temporaries take 80 bytes a row
         block = rows.iloc[lo:lo + THIN_BLOCK_ROWS]
-        ts = block["ts"].to_numpy(dtype=np.float64)
-        ahead = block["failure_ts"].astype("float64").to_numpy() - ts
-        behind = ts - block["returned_ts"].astype("float64").to_numpy()
+        ahead = block["failure_ts"].astype("float64").to_numpy() - block["ts"].to_numpy(dtype=np.float64)
         at = slice(lo, lo + len(block))
         far[at] = (
             (block["label"].to_numpy() == 0)
             & (np.nan_to_num(ahead, nan=np.inf) > far_ms)
-            & (np.nan_to_num(behind, nan=np.inf) > far_ms)
+            & (block["since_return_ms"].to_numpy(dtype=np.int64) > far_ms)
         )
         draw = pd.util.hash_pandas_object(block[["node", "ts"]], index=False, hash_key=key).to_numpy()
         keep[at] = ~far[at] | (draw / 2.0**64 < rate)
@@ -650,7 +649,9 @@ def fit(
     every predictor's threshold on the training and validation rows (recipe steps 1-4); the
     thresholds on ``folds`` time blocks scored out of fold (:mod:`foreshock.models.folds`).
     The trees see a ``negative_rate`` share of the negatives far from any failure, weighted
-    (:func:`thin_far_negatives`)."""
+    (:func:`thin_far_negatives`). Once the folds are scored, ``fit`` lets go of ``train``: a
+    caller that hands it over (``parts.pop("train")``) frees the training rows, most rows of a
+    fleet's month, before the thresholds are chosen."""
     names = data.feature_names
     for name, part in (("train", train), ("val", val)):
         if part["label"].sum() == 0:
@@ -695,6 +696,9 @@ def fit(
 
     scored = out_of_fold(train, val, score_val, fit_fold, cadence_ms=data.cadence_ms, clear_ms=clear_ms,
                          folds=folds)
+    del train, rows, val_rows  # the folds hold what the thresholds read
+    periods.clear()
+    release_freed_memory()
     selection = choose_thresholds(scored, budget_per_1000_node_days, budget_confidence)
     thresholds = {p: c.threshold for p, c in selection.items()}
     baselines = {
@@ -951,7 +955,7 @@ def train_on(
     del frame
     fitted = fit(
         data,
-        parts["train"],
+        parts.pop("train"),  # fit lets go of the training rows once the folds are scored
         parts["val"],
         budget_per_1000_node_days=budget_per_1000_node_days,
         params=params,
@@ -964,7 +968,6 @@ def train_on(
         budget_confidence=budget_confidence,
         negative_rate=negative_rate,
     )
-    del parts["train"]  # nothing reads the training rows once the thresholds are set
     evaluated = score_parts(data, fitted, parts, data.cadence_ms, clear_ms)
     metrics = training_metrics(
         data,

@@ -8,6 +8,7 @@ import pytest
 
 import foreshock.models.alerting
 from foreshock.models.alerting import EvalRows, _stretches, after_return
+from foreshock.models.labels import NO_RECENT_RETURN_MS
 
 MIN = 60_000
 
@@ -186,14 +187,14 @@ def test_recall_at_equal_false_alarm_rates_sets_the_threshold_on_the_rows_themse
 def test_false_alarms_soon_after_a_return_from_repair_are_counted_apart():
     frame = _frame()
     back = (frame["node"] == "n1") & (frame["ts"] >= 40 * MIN)
-    frame["returned_ts"] = pd.array(np.where(back, 40 * MIN, 0), dtype="Int64")
-    frame.loc[~back, "returned_ts"] = pd.NA  # n1 came back at minute 40; nothing before
+    # n1 came back at minute 40; nothing before
+    frame["since_return_ms"] = np.where(back, frame["ts"] - 40 * MIN, NO_RECENT_RETURN_MS).astype(np.int32)
     rows = EvalRows(frame, MIN)
     m = rows.at_threshold(_score(rows.frame, [("n1", 5), ("n1", 45)]), 0.5)  # 40 min apart: two alarms
     assert (m["false_alarms"], m["false_alarms_after_return"]) == (2, 1)
     assert EvalRows(_frame(), MIN).at_threshold(np.ones(200), 0.5)["false_alarms_after_return"] == 0
-    # evaluate keeps the flags in place of returned_ts
-    flagged = frame.drop(columns=["returned_ts"]).assign(after_return=after_return(frame))
+    # evaluate keeps the flags in place of since_return_ms
+    flagged = frame.drop(columns=["since_return_ms"]).assign(after_return=after_return(frame))
     assert flagged["after_return"].sum() == 60  # minutes 40 to 99 of n1: the hour after its return
     assert EvalRows(flagged, MIN).at_threshold(_score(rows.frame, [("n1", 5), ("n1", 45)]), 0.5) == m
 

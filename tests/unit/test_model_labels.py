@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from foreshock.models.labels import label_rows
+from foreshock.models.labels import NO_RECENT_RETURN_MS, label_rows
 from foreshock.models.splits import make_split
 from foreshock.models.train import censor_before_failures
 
@@ -36,8 +36,9 @@ def test_positive_exactly_when_failure_in_open_closed_horizon():
     assert out.loc[300 * MIN, "label"] == 0
     assert (out["label"] == 1).sum() == 60
     # when the node last came back: for the evaluation's count of alarms right after a repair
-    assert pd.isna(out.loc[199 * MIN, "returned_ts"]) and out.loc[300 * MIN, "returned_ts"] == 300 * MIN
-    assert out.loc[339 * MIN, "returned_ts"] == 300 * MIN
+    assert out.loc[199 * MIN, "since_return_ms"] == NO_RECENT_RETURN_MS
+    assert out.loc[300 * MIN, "since_return_ms"] == 0 and out.loc[339 * MIN, "since_return_ms"] == 39 * MIN
+    assert out["since_return_ms"].dtype == np.int32
 
 
 def test_rows_without_a_failure_ahead_share_one_missing_cause():

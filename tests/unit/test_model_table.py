@@ -206,7 +206,7 @@ def test_thinning_keeps_what_matters_and_weights_the_far_negatives(cluster, monk
     frame = build_labelled(cluster.data_dir, HOUR, features=cluster.features).frame
     thinned = thin_far_negatives(frame, 0.25, seed=4)
     ahead = (frame["failure_ts"].astype("float64") - frame["ts"]).fillna(np.inf)
-    behind = (frame["ts"] - frame["returned_ts"].astype("float64")).fillna(np.inf)
+    behind = frame["since_return_ms"]
     far = (frame["label"] == 0) & (ahead > FAR_FROM_FAILURE_MS) & (behind > FAR_FROM_FAILURE_MS)
     assert far.sum() > 5_000 and (~far).sum() > 5_000
     kept_far = thinned.index.isin(frame.index[far])
@@ -269,7 +269,7 @@ def test_compact_frames_join_a_column_at_a_time_into_the_sorted_concat():
         return pd.DataFrame({
             "node": nodes, "ts": start + np.arange(n) * 60_000, "cause": causes,
             "score": rng.random(n), "logistic": rng.random(n),
-            "returned_ts": pd.array([None] * (n - 1) + [start], dtype="Int64"),
+            "last_event_ts": pd.array([None] * (n - 1) + [start], dtype="Int64"),
             "count": np.arange(n) if start == 0 else np.arange(n) + 0.5,  # int64, then float64
         })
 
