@@ -57,6 +57,9 @@ STAGES = ("simulate", "features", "train", "evaluate")
 # thinning changes)
 FULL_RATE = 1
 FULL_TRAIN_FLAGS = ("--negative-rate", "0.1")
+# --full: features on both cores, a Dask worker each writing its own partitions (every other stage,
+# and features at the other sizes, on one core)
+FULL_FEATURE_WORKERS = 2
 SIMULATE = ["--profile", "llama3", "--interval", "60s"]
 RATE = 60  # failure rate multiplier (--quick: 300, so that a day of 16 nodes fails in every period)
 KERNEL_NODES = 32
@@ -78,15 +81,17 @@ def _one_core() -> None:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 
 
-def run_stage(name: str, argv: list[str], workdir: Path) -> dict[str, Any]:
-    """Run one ``foreshock`` command in a fresh process on one core: wall seconds, peak RSS (bytes),
-    and what the stage measured of itself (``lightgbm.train`` seconds for train)."""
+def run_stage(name: str, argv: list[str], workdir: Path, one_core: bool = True) -> dict[str, Any]:
+    """Run one ``foreshock`` command in a fresh process, on one core unless ``one_core`` is False:
+    wall seconds, peak RSS (bytes: the largest of the process and its children), and what the
+    stage measured of itself (``lightgbm.train`` seconds for train)."""
     report = workdir / f".stage-{name}-{time.monotonic_ns()}.json"
     cmd = [sys.executable, __file__, "--stage", str(report), "--", *argv]
     log = report.with_suffix(".log")
     start = time.perf_counter()
     with log.open("w") as err:
-        proc = subprocess.Popen(cmd, preexec_fn=_one_core, stdout=subprocess.DEVNULL, stderr=err)
+        pin = _one_core if one_core else None
+        proc = subprocess.Popen(cmd, preexec_fn=pin, stdout=subprocess.DEVNULL, stderr=err)
         _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status):
@@ -123,10 +128,11 @@ def _simulate(nodes: int, days: int, seed: int, rate: float, data: Path, workdir
     return run_stage("simulate", ["simulate", *SIMULATE, *flags, "--out", str(data), "--overwrite"], workdir)
 
 
-def _features(data: Path, table: Path, workdir: Path) -> dict[str, Any]:
-    return run_stage(
-        "features", ["features", "--data", str(data), "--out", str(table), "--overwrite"], workdir
-    )
+def _features(data: Path, table: Path, workdir: Path, workers: int = 1) -> dict[str, Any]:
+    argv = ["features", "--data", str(data), "--out", str(table), "--overwrite"]
+    if workers > 1:
+        argv += ["--dask", "local", "--workers", str(workers)]
+    return {**run_stage("features", argv, workdir, one_core=workers == 1), "workers": workers}
 
 
 def _train(data: Path, table: Path, model: Path, workdir: Path, *flags: str) -> dict[str, Any]:
@@ -170,10 +176,12 @@ def measure_size(
     train_flags: tuple[str, ...] = (),
     resume: bool = False,
     until: str = "evaluate",
+    feature_workers: int = 1,
 ) -> dict[str, Any] | None:
-    """simulate, features, train, evaluate at one size; each stage's figures go to
-    ``stages.json`` as it ends, and with ``resume`` the stages recorded there are not run again.
-    None when it stopped after ``until``, before evaluate."""
+    """simulate, features (on ``feature_workers`` Dask workers when more than one), train,
+    evaluate at one size; each stage's figures go to ``stages.json`` as it ends, and with
+    ``resume`` the stages recorded there are not run again. None when it stopped after ``until``,
+    before evaluate."""
     from foreshock.features.table import FeatureTable
     from foreshock.features.timeslices import gpu_rows
 
@@ -199,7 +207,8 @@ def measure_size(
         return True
 
     stage("simulate", lambda: _simulate(nodes, days, seed, rate, data, workdir), lambda: gpu_rows(data))
-    stage("features", lambda: _features(data, table, workdir), lambda: FeatureTable.open(table).rows)
+    stage("features", lambda: _features(data, table, workdir, feature_workers),
+          lambda: FeatureTable.open(table).rows)
 
     def trained_rows() -> int:
         metrics = json.loads((model / "metrics.json").read_text())
@@ -323,9 +332,12 @@ def report(
             f"{r['nodes']} x {r['days']}: train {t['seconds']:.1f} s, of which lightgbm.train {lgb_s:.1f} s "
             f"({t['lightgbm_train_calls']} calls): {t['seconds'] / lgb_s:.2f}x bare LightGBM (target <= 1.5)"
         )
-        row_rate = r["features"]["rows"] / r["features"]["seconds"]
+        workers = r["features"].get("workers", 1)
+        rate /= workers
+        row_rate = r["features"]["rows"] / r["features"]["seconds"] / workers
         print(
-            f"{r['nodes']} x {r['days']}: features end to end {rate:,.0f} GPU samples/s = "
+            f"{r['nodes']} x {r['days']}: features end to end, per core ({workers} in use), "
+            f"{rate:,.0f} GPU samples/s = "
             f"{rate / kernels['dataset']:.2f} of the kernel on this dataset ({kernels['dataset']:,.0f}/s), "
             f"{rate / kernels['bench_features']:.2f} of bench_features' "
             f"({kernels['bench_features']:,.0f}/s); "
@@ -386,6 +398,7 @@ def main() -> None:
                     train_flags=FULL_TRAIN_FLAGS if args.full or args.growth else (),
                     resume=args.resume,
                     until=args.until,
+                    feature_workers=FULL_FEATURE_WORKERS if args.full else 1,
                 )
                 if done[size] is None:
                     print(f"stopped after {args.until}; go on with --resume --workdir {workdir}")
