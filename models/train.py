@@ -58,7 +58,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -622,6 +622,9 @@ class Fitted:
     params: dict[str, Any]  # the LightGBM parameters used
     train_rows_used: int
     train_rows_represented: int = 0  # the rows the used ones stand for (thin_far_negatives' weights)
+    # every predictor's scores on the validation rows, in their order, as the thresholds saw them:
+    # score_parts takes them out rather than score the same rows with the same model again
+    val_scores: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def thresholds(self) -> dict[str, float]:
@@ -691,8 +694,11 @@ def fit(
             rounds=booster.current_iteration(), prior_weight=weight, seed=seed, dask_address=dask_address,
         )
 
+    val_scores: dict[str, np.ndarray] = {}
+
     def score_val() -> dict[str, np.ndarray]:
-        return data.scores(val, {p: scorers[p] for p in PREDICTORS})
+        val_scores.update(data.scores(val, {p: scorers[p] for p in PREDICTORS}))
+        return val_scores
 
     scored = out_of_fold(train, val, score_val, fit_fold, cadence_ms=data.cadence_ms, clear_ms=clear_ms,
                          folds=folds)
@@ -709,7 +715,7 @@ def fit(
               **selection["model"].to_json()}
     model = unthresholded.with_threshold(thresholds["model"], baselines=baselines, source=source)
     summaries = [f.summary(thresholds) for f in scored]
-    return Fitted(model, logistic, selection, summaries, candidates, params, used, represented)
+    return Fitted(model, logistic, selection, summaries, candidates, params, used, represented, val_scores)
 
 
 def cut_parts(
@@ -825,14 +831,19 @@ def score_parts(
     data: LabelledData, fitted: Fitted, parts: dict[str, pd.DataFrame], cadence_ms: int, clear_ms: int
 ) -> dict[str, tuple[EvalRows, dict]]:
     """Every predictor's scores on validation, test and the held-out nodes' test rows (rows of
-    ``data``), a table partition at a time. Each part's rows keep their place in ``data``
-    (:data:`ROW`). Takes the parts out of ``parts``: each is sorted into EvalRows' (node, ts)
-    order with its scores a column at a time (:func:`concat_compact`), never held twice."""
+    ``data``), a table partition at a time; on validation, the scores :func:`fit` kept
+    (:attr:`Fitted.val_scores`, taken out of ``fitted``). Each part's rows keep their place in
+    ``data`` (:data:`ROW`). Takes the parts out of ``parts``: each is sorted into EvalRows'
+    (node, ts) order with its scores a column at a time (:func:`concat_compact`), never held
+    twice."""
     scorers = {"model": fitted.model.predict_proba, "rules": rule_scores, "logistic": fitted.logistic.score}
     evaluated: dict[str, tuple[EvalRows, dict]] = {}
     for part in ("test", "val", "test_unseen_nodes"):
         frame = parts.pop(part)
-        scores = data.scores(frame, {p: scorers[p] for p in PREDICTORS})
+        if part == "val" and fitted.val_scores:
+            scores = {p: fitted.val_scores.pop(p) for p in PREDICTORS}
+        else:
+            scores = data.scores(frame, {p: scorers[p] for p in PREDICTORS})
         columns = {c: frame[c].array for c in frame.columns}
         columns.update({f"_score_{p}": s for p, s in scores.items()}, **{ROW: frame.index.to_numpy()})
         held = [pd.DataFrame(columns, copy=False)]

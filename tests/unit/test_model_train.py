@@ -446,3 +446,47 @@ def test_parts_cut_a_column_at_a_time_equal_the_rows_taken_by_mask(consume):
         want = expected[name]
         pd.testing.assert_frame_equal(parts[name], want.set_axis(want.index.astype(np.int32)))
     assert list(frame.columns) == (["_src"] if consume else moved)
+
+
+def test_validation_scores_fit_kept_are_placed_with_their_rows_not_scored_again():
+    """score_parts takes the validation scores ``fit`` kept (in the rows' order, as the thresholds
+    saw them) and sorts them with their rows; the other parts are scored."""
+    from types import SimpleNamespace
+
+    from foreshock.models.frame import LabelledData
+    from foreshock.models.train import Fitted, score_parts
+
+    minute = 60_000
+    rng = np.random.default_rng(3)
+
+    def part(nodes: list[str]) -> pd.DataFrame:  # 20 minutes of each node, in no order
+        rows = pd.DataFrame({
+            "node": pd.Categorical(np.repeat(nodes, 20), categories=["n0", "n1", "n2"]),
+            "ts": np.tile(np.arange(20) * minute, len(nodes)),
+            "label": np.zeros(20 * len(nodes), dtype=np.int8),
+            "failure_ts": np.nan, "cause": None, "detectable": None,
+            "rule_critical": np.float32(0), "rule_sbe_per_min": np.float32(0),
+            "a": rng.random(20 * len(nodes)),
+        })
+        return rows.sample(frac=1.0, random_state=1)
+
+    val = part(["n0", "n1"])
+    parts = {"test": part(["n0", "n1"]), "val": val, "test_unseen_nodes": part(["n2"])}
+    for name, offset in (("test", 0), ("val", 100), ("test_unseen_nodes", 200)):
+        parts[name].index = parts[name].index + offset
+    data = LabelledData(pd.concat(parts.values()), ["a"], "set", minute, 60 * minute, {}, "print")
+    a = val["a"].to_numpy()
+    kept = {"model": 2 * a, "rules": a + 5, "logistic": -a}
+    model = SimpleNamespace(predict_proba=lambda f: f["a"].to_numpy())
+    logistic = SimpleNamespace(score=lambda f: 1 - f["a"].to_numpy())
+    fitted = Fitted(model, logistic, {}, [], {}, {}, 0, 0, dict(kept))
+    evaluated = score_parts(data, fitted, parts, minute, 0)
+    rows, scores = evaluated["val"]
+    a = rows.frame["a"].to_numpy()
+    assert not np.array_equal(a, val["a"].to_numpy())  # sorted into (node, ts) order
+    np.testing.assert_array_equal(scores["model"], 2 * a)
+    np.testing.assert_array_equal(scores["rules"], a + 5)
+    np.testing.assert_array_equal(scores["logistic"], -a)
+    assert fitted.val_scores == {}  # taken out, not held beside the sorted copy
+    test_rows, test_scores = evaluated["test"]
+    np.testing.assert_array_equal(test_scores["model"], test_rows.frame["a"].to_numpy())
