@@ -764,22 +764,48 @@ def _logistic_rows(periods: list[tuple[pd.DataFrame, np.ndarray | None]], seed: 
     ``(frame, kept)`` periods' kept rows (every row when ``kept`` is None), taken in turn: every
     positive and a seeded draw of :data:`LOGISTIC_NEGATIVES_PER_POSITIVE` negatives per positive,
     in (node, ts) order. It draws places in the kept rows' labels: the negatives are nearly every
-    row, and a fold's kept rows nearly every row of both periods, never copied whole."""
-    places = [np.arange(len(frame)) if kept is None else np.flatnonzero(kept) for frame, kept in periods]
-    frames = [frame for frame, _ in periods]
-    label = np.concatenate([frame["label"].to_numpy()[at] for frame, at in zip(frames, places, strict=True)])
-    pos, neg = np.flatnonzero(label == 1), np.flatnonzero(label == 0)
+    row, and a fold's kept rows nearly every row of both periods, never copied whole. The draw
+    (pandas' sample: a permutation of every negative, eight bytes each) is the largest thing held
+    here, so the negatives' places are int32 and the kept rows' places are found only for the
+    rows drawn."""
+    label = np.concatenate([_kept(frame["label"].to_numpy(), kept) for frame, kept in periods])
+    sizes = [len(frame) if kept is None else int(np.count_nonzero(kept)) for frame, kept in periods]
+    pos = np.flatnonzero(label == 1)
     n = int(LOGISTIC_NEGATIVES_PER_POSITIVE * len(pos))
-    if len(neg) <= n:
-        return pd.concat([frame.iloc[at] for frame, at in zip(frames, places, strict=True)])
-    drawn = pd.Series(neg).sample(n, random_state=seed).to_numpy()  # DataFrame.sample's draw
+    if len(label) - len(pos) <= n:
+        return pd.concat([frame if kept is None else frame.loc[kept] for frame, kept in periods])
+    neg = _places_of_zeros(label)
+    del label
+    drawn = pd.Series(neg, copy=False).sample(n, random_state=seed).to_numpy()  # DataFrame.sample's draw
+    del neg
     drawn = np.concatenate([pos, drawn])
-    bounds = np.cumsum([0, *map(len, places)])
+    bounds = np.cumsum([0, *sizes])
     rows = pd.concat([
-        frame.iloc[at[drawn[(drawn >= lo) & (drawn < hi)] - lo]]
-        for frame, at, lo, hi in zip(frames, places, bounds[:-1], bounds[1:], strict=True)
+        frame.iloc[_kept_places(kept, drawn[(drawn >= lo) & (drawn < hi)] - lo)]
+        for (frame, kept), lo, hi in zip(periods, bounds[:-1], bounds[1:], strict=True)
     ])
     return rows.sort_values(["node", "ts"], kind="stable")
+
+
+def _kept(values: np.ndarray, kept: np.ndarray | None) -> np.ndarray:
+    return values if kept is None else values[kept]
+
+
+def _kept_places(kept: np.ndarray | None, at: np.ndarray) -> np.ndarray:
+    """The places in a frame of its ``at``-th kept rows."""
+    return at if kept is None else np.flatnonzero(kept)[at]
+
+
+def _places_of_zeros(label: np.ndarray, block: int = 1 << 24) -> np.ndarray:
+    """``np.flatnonzero(label == 0)``, int32 when the places fit, found a block at a time: not an
+    int64 place per row."""
+    out = np.empty(len(label) - np.count_nonzero(label), dtype=np.int32 if len(label) < 2**31 else np.int64)
+    at = 0
+    for lo in range(0, len(label), block):
+        piece = lo + np.flatnonzero(label[lo : lo + block] == 0)
+        out[at : at + len(piece)] = piece
+        at += len(piece)
+    return out
 
 
 def _fit_logistic(data: LabelledData, rows: pd.DataFrame, seed: int) -> LogisticBaseline:
@@ -964,21 +990,22 @@ def train_on(
     if data.table is not None:
         data.frame = frame[["_src"]]
     del frame
-    fitted = fit(
-        data,
-        parts.pop("train"),  # fit lets go of the training rows once the folds are scored
-        parts["val"],
-        budget_per_1000_node_days=budget_per_1000_node_days,
-        params=params,
-        dask_address=dask_address,
-        censor_ms=censor_ms,
-        clear_ms=clear_ms,
-        seed=seed,
-        prior_weight=prior_weight,
-        folds=folds,
-        budget_confidence=budget_confidence,
-        negative_rate=negative_rate,
-    )
+    with _on_disk(parts, ("test", "test_unseen_nodes")):
+        fitted = fit(
+            data,
+            parts.pop("train"),  # fit lets go of the training rows once the folds are scored
+            parts["val"],
+            budget_per_1000_node_days=budget_per_1000_node_days,
+            params=params,
+            dask_address=dask_address,
+            censor_ms=censor_ms,
+            clear_ms=clear_ms,
+            seed=seed,
+            prior_weight=prior_weight,
+            folds=folds,
+            budget_confidence=budget_confidence,
+            negative_rate=negative_rate,
+        )
     evaluated = score_parts(data, fitted, parts, data.cadence_ms, clear_ms)
     metrics = training_metrics(
         data,
@@ -994,6 +1021,19 @@ def train_on(
     )
     fitted.model.metrics = model_card(metrics)
     return fitted.model, metrics, evaluated
+
+
+@contextmanager
+def _on_disk(parts: dict[str, pd.DataFrame], names: tuple[str, ...]) -> Iterator[None]:
+    """Hold ``parts``' ``names`` in a temporary folder while the block runs, then put them back:
+    the test rows, a fifth of a fleet's month, wait on disk while the models are fitted."""
+    with tempfile.TemporaryDirectory(prefix="foreshock-parts-") as folder:
+        for name in names:
+            parts.pop(name).to_pickle(Path(folder) / f"{name}.pkl")
+        release_freed_memory()
+        yield
+        for name in names:
+            parts[name] = pd.read_pickle(Path(folder) / f"{name}.pkl")
 
 
 def train_from_dataset(
