@@ -1,11 +1,11 @@
 """Batch training at scale: simulate, features, train and evaluate, with nodes and days varied separately.
 
-Each stage runs as ``foreshock`` does, in a fresh process pinned to one core, from a dataset the
-llama3 profile simulates at 60 s with ``--rate-multiplier 60``: ``features --out TABLE``, then
-``train --features TABLE`` and ``evaluate --features TABLE``. For every size and stage it prints
-wall time, peak RSS (the process's high-water mark) and rows; for each series (nodes varied at
-fixed days, days varied at fixed nodes) the growth exponents of time and peak RSS against rows
-(1 = linear, 0 = flat). Two same-run ratios:
+Each stage runs as ``foreshock`` does, in a fresh process pinned to one core (bar ``--full``'s
+features, below), from a dataset the llama3 profile simulates at 60 s with ``--rate-multiplier
+60``: ``features --out TABLE``, then ``train --features TABLE`` and ``evaluate --features TABLE``.
+For every size and stage it prints wall time, peak RSS (the process's high-water mark) and rows;
+for each series (nodes varied at fixed days, days varied at fixed nodes) the growth exponents of
+time and peak RSS against rows (1 = linear, 0 = flat). Two same-run ratios:
 
 - ``train`` against bare ``lightgbm.train``: the time ``train`` spends inside ``lightgbm.train``
   (every tree model it fits, on the same rows, Dataset construction included), measured in the
@@ -27,7 +27,8 @@ seed, against the stated tolerances.
 ``--growth`` measures the growth exponents of time and peak RSS between 256 nodes x 7 days and
 1,024 x 14 (16 times the rows), trained with ``--negative-rate 0.1``: a peak that stays flat there
 is bounded by a constant, not by the rows. ``--full`` is a fleet's month at the llama3 profile's
-own failure rate (x 1: 2,048 nodes are its 16,384 GPUs), trained with ``--negative-rate 0.1``.
+own failure rate (x 1: 2,048 nodes are its 16,384 GPUs) on the whole machine: its features on two
+Dask workers, one per core, the other stages on one core; trained with ``--negative-rate 0.1``.
 Each stage's figures are written to ``DIR/NODESxDAYS-s1/stages.json`` as it ends; ``--resume``
 keeps the stages already recorded there (their outputs in place) and runs only the rest, and
 ``--until STAGE`` stops after one, so that an hours-long run can be taken in parts.
