@@ -90,10 +90,8 @@ def _of(values: np.ndarray, found: np.ndarray) -> np.ndarray:
 def _since(ts: np.ndarray, event_ts: np.ndarray, found: np.ndarray) -> np.ndarray:
     """Each row's time since its event ``found`` (:func:`_asof`) as int32, capped at
     :data:`NO_RECENT_RETURN_MS`, which also stands for none."""
-    out = np.full(len(found), NO_RECENT_RETURN_MS, dtype=np.int64)
-    hit = found >= 0
-    out[hit] = ts[hit] - event_ts[found[hit]]
-    return np.minimum(out, NO_RECENT_RETURN_MS).astype(np.int32)
+    since = np.nan_to_num(ts - _of(event_ts, found), nan=NO_RECENT_RETURN_MS)
+    return np.minimum(since, NO_RECENT_RETURN_MS).astype(np.int32)
 
 
 def _where_positive(values: np.ndarray, found: np.ndarray, positive: np.ndarray) -> np.ndarray:
