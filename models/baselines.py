@@ -288,7 +288,12 @@ class LogisticBaseline:
 
     def score(self, frame: pd.DataFrame) -> np.ndarray:
         """Probability-like score (not calibrated: class weights shift it; ranking is what counts)."""
-        return 1.0 / (1.0 + np.exp(-np.clip(self.frame_log_odds(frame), -500, 500)))
+        return self.probability(self.frame_log_odds(frame))
+
+    @staticmethod
+    def probability(log_odds: np.ndarray) -> np.ndarray:
+        """:meth:`score` of rows whose :meth:`log_odds` are known."""
+        return 1.0 / (1.0 + np.exp(-np.clip(log_odds, -500, 500)))
 
     def to_json(self) -> dict[str, Any]:
         return {

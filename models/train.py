@@ -97,6 +97,7 @@ __all__ = [
     "booster_rows",
     "fit_booster",
     "fit_with_prior",
+    "PriorChoice",
     "log_odds",
     "fold_scores",
     "fold_training_rows",
@@ -212,12 +213,12 @@ class _Tails:
 
 
 @contextmanager
-def forced_bins_file(x: pd.DataFrame | FeatureRows, names: list[str] | None = None) -> Iterator[str]:
-    """The path of a temporary file holding :func:`tail_bin_bounds` of ``x``: LightGBM's
+def forced_bins_file(bins: list[dict[str, Any]]) -> Iterator[str]:
+    """The path of a temporary file holding ``bins`` (:func:`tail_bin_bounds`): LightGBM's
     ``forcedbins_filename``, which it reads when it bins a dataset."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "forced_bins.json"
-        path.write_text(json.dumps(tail_bin_bounds(x, names)))
+        path.write_text(json.dumps(bins))
         yield str(path)
 
 
@@ -299,6 +300,7 @@ def fit_booster(
     weight: np.ndarray | None = None,
     names: list[str] | None = None,
     val_weight: np.ndarray | None = None,
+    bins: list[dict[str, Any]] | None = None,
 ) -> lgb.Booster:
     """Fit, then keep the iterations with the best validation average precision (at least
     :data:`MIN_ROUNDS` of them); returns a booster holding only those iterations. With
@@ -310,7 +312,8 @@ def fit_booster(
     starts from the training base rate. ``weight`` and ``val_weight``: each training and validation
     row's weight (:func:`thin_far_negatives`). ``x_train`` and ``x_val``: the rows' features, as
     :class:`~foreshock.models.frame.FeatureRows` or a frame whose ``names`` columns are features
-    (default: every column).
+    (default: every column). ``bins``: LightGBM's forced bins (default :func:`tail_bin_bounds`
+    of ``x_train``; each costs a pass over the rows' features, and the recipe's models share one).
 
     LightGBM bins the rows as it reads them, a block of float32 rows at a time
     (:class:`~foreshock.models.frame.FeatureRows`): no step holds a matrix of every row. With a
@@ -318,7 +321,10 @@ def fit_booster(
     on rows the workers read from the feature table themselves (:func:`_rows_on_workers`)."""
     train = _feature_rows(x_train, names)
     val = None if x_val is None else _feature_rows(x_val, train.names)
-    booster = _fit_booster(train, y_train, val, y_val, params, dask_address, init, rounds, weight, val_weight)
+    bins = tail_bin_bounds(train) if bins is None else bins
+    booster = _fit_booster(
+        train, y_train, val, y_val, params, dask_address, init, rounds, weight, val_weight, bins
+    )
     fitted = _BOOSTER_FITTED.get()
     if fitted is not None:
         fitted()
@@ -336,13 +342,14 @@ def _fit_booster(
     rounds: int | None = None,
     weight: np.ndarray | None = None,
     val_weight: np.ndarray | None = None,
+    bins: list[dict[str, Any]] | None = None,
 ) -> lgb.Booster:
     init_train, init_val = init if init is not None else (None, None)
     names = x_train.names
     if dask_address is None:
         history: list[float] = []
         judged = rounds is None
-        with forced_bins_file(x_train) as path:
+        with forced_bins_file(bins) as path:
             booster = lgb.train(
                 {**params, "metric": "average_precision", "forcedbins_filename": path},
                 _Dataset(x_train, y_train, weight=weight, init_score=init_train, feature_name=names),
@@ -368,7 +375,7 @@ def _fit_booster(
             local["n_estimators"] = rounds
         # each worker builds its own bins: the bounds file must be at the same path on every one
         path = str(Path(tempfile.gettempdir()) / f"foreshock-forced-bins-{uuid.uuid4().hex}.json")
-        client.run(_write_text, path, json.dumps(tail_bin_bounds(x_train)))
+        client.run(_write_text, path, json.dumps(bins))
         try:
             clf = DaskLGBMClassifier(client=client, forcedbins_filename=path, **local)
             clf.fit(
@@ -460,6 +467,18 @@ def _remove(path: str) -> None:
     Path(path).unlink(missing_ok=True)
 
 
+@dataclass(frozen=True)
+class PriorChoice:
+    """What :func:`fit_with_prior` kept, and what it judged the candidates by on validation."""
+
+    booster: lgb.Booster
+    weight: float
+    judged: dict[float, dict[str, float]]  # per candidate weight: validation pr_auc and Platt map
+    val_margin: np.ndarray  # the kept candidate's margin of every validation row, in val's order
+    val_log_odds: np.ndarray  # the prior's log-odds of every validation row, in val's order
+    bins: list[dict[str, Any]]  # the forced bins both candidates were binned with
+
+
 def fit_with_prior(
     train: pd.DataFrame,
     val: pd.DataFrame,
@@ -470,14 +489,19 @@ def fit_with_prior(
     dask_address: str | None = None,
     data: LabelledData | None = None,
     stop: pd.DataFrame | None = None,
-) -> tuple[lgb.Booster, float, dict[float, dict[str, float]]]:
+    bins: list[dict[str, Any]] | None = None,
+) -> PriorChoice:
     """Fit trees alone and, when ``prior_weight`` > 0, trees boosted from ``prior_weight`` times
     ``prior``'s log-odds; keep the one whose margin has the higher validation average precision
     (a tie keeps the trees alone), among those whose margin calibrates (Platt slope above
-    :data:`MIN_PLATT_SLOPE`). Returns the booster, its weight and, per candidate, its validation
-    ``pr_auc`` and Platt map (``platt_slope``, ``platt_intercept``): the kept candidate's map is
-    the model's calibration. ``train`` and ``val`` are rows of ``data``, whose features it reads
-    a block at a time (without ``data``: frames whose ``names`` columns are the features).
+    :data:`MIN_PLATT_SLOPE`). Returns the booster, its weight, per candidate its validation
+    ``pr_auc`` and Platt map (``platt_slope``, ``platt_intercept``: the kept candidate's map is
+    the model's calibration), and the validation margin and prior log-odds it judged by, which
+    are the model's and the logistic baseline's validation scores before their maps. ``train``
+    and ``val`` are rows of ``data``, whose features it reads a block at a time (without
+    ``data``: frames whose ``names`` columns are the features); validation's once before the
+    trees and once after, for every candidate at once. ``bins``: the forced bins (default:
+    :func:`tail_bin_bounds` of the training rows).
 
     ``stop``: the rows of ``val`` that early stopping judges after every tree (default: all of
     them), with their weights (:func:`thin_far_negatives`): LightGBM sorts them for their average
@@ -498,16 +522,22 @@ def fit_with_prior(
     x_train, x_stop = FeatureRows(train, names, data), FeatureRows(stop, names, data)
     y_stop, at = stop["label"].to_numpy(), val.index.get_indexer(stop.index)
     stop_weight = stop[WEIGHT].to_numpy() if WEIGHT in stop else None
-    linear = {"train": log_odds(prior, train, data), "val": log_odds(prior, val, data)} if weights[-1] else {}
+    bins = tail_bin_bounds(x_train) if bins is None else bins
+    linear_val = log_odds(prior, val, data)
+    linear_train = log_odds(prior, train, data) if weights[-1] else None
     fitted: dict[float, lgb.Booster] = {}
-    judged: dict[float, dict[str, float]] = {}
     for weight in weights:
-        init = None if weight == 0 else (weight * linear["train"], weight * linear["val"][at])
+        init = None if weight == 0 else (weight * linear_train, weight * linear_val[at])
         fitted[weight] = fit_booster(
             x_train, y_train, x_stop, y_stop, params, dask_address, init=init, weight=row_weight,
-            val_weight=stop_weight,
+            val_weight=stop_weight, bins=bins,
         )
-        margin = tree_margin(fitted[weight], val, names, data) + (weight * linear["val"] if weight else 0.0)
+    del linear_train
+    margins = tree_margins(fitted, val, names, data)
+    judged: dict[float, dict[str, float]] = {}
+    for weight, margin in margins.items():
+        if weight:
+            margin += weight * linear_val
         slope, intercept = platt_calibration(margin, y_val)
         judged[weight] = {
             "pr_auc": average_precision(y_val, margin),
@@ -515,21 +545,23 @@ def fit_with_prior(
             "platt_intercept": intercept,
         }
     best = choose_prior_weight(judged)
-    return fitted[best], best, judged
+    return PriorChoice(fitted[best], best, judged, margins[best], linear_val, bins)
 
 
-def tree_margin(
-    booster: lgb.Booster, rows: pd.DataFrame, names: list[str], data: LabelledData | None
-) -> np.ndarray:
-    """``booster``'s raw scores of ``rows``: rows of ``data``, their features read a table
-    partition at a time, or (without ``data``) a frame holding its ``names`` features."""
+def tree_margins(
+    boosters: dict[Any, lgb.Booster], rows: pd.DataFrame, names: list[str], data: LabelledData | None
+) -> dict[Any, np.ndarray]:
+    """Each booster's raw scores of ``rows``, float64: rows of ``data``, their features read once
+    for all of them a table partition at a time, or (without ``data``) a frame holding its
+    ``names`` features."""
     if data is None:
-        return predict_blocks(booster, FeatureRows(rows, names))
+        x = FeatureRows(rows, names)
+        return {key: predict_blocks(booster, x) for key, booster in boosters.items()}
 
-    def trees(frame: pd.DataFrame) -> np.ndarray:
-        return booster.predict(frame[names].to_numpy(np.float32, na_value=np.nan), raw_score=True)
+    def trees(booster: lgb.Booster) -> Callable[[pd.DataFrame], np.ndarray]:
+        return lambda rows: booster.predict(rows[names].to_numpy(np.float32, na_value=np.nan), raw_score=True)
 
-    return data.scores(rows, {"trees": trees})["trees"]
+    return data.scores(rows, {key: trees(booster) for key, booster in boosters.items()})
 
 
 def log_odds(prior: LogisticBaseline, rows: pd.DataFrame, data: LabelledData | None) -> np.ndarray:
@@ -669,10 +701,13 @@ def fit(
         "random_state": seed,
         **(params or {}),
     }
-    booster, weight, candidates = fit_with_prior(
+    choice = fit_with_prior(
         rows, val, names, params, logistic, prior_weight, dask_address, data=data,
         stop=thin_far_negatives(val, negative_rate, seed),
     )
+    booster, weight, candidates, bins = choice.booster, choice.weight, choice.judged, choice.bins
+    judged_by = {"margin": choice.val_margin, "log_odds": choice.val_log_odds}  # score_val takes them
+    del choice
     kept = candidates[weight]
     unthresholded = RiskModel(
         booster,
@@ -684,7 +719,6 @@ def fit(
         prior=logistic,
         prior_weight=weight,
     )
-    scorers = {"model": unthresholded.predict_proba, "rules": rule_scores, "logistic": logistic.score}
     val_rows = booster_rows(val, censor_ms=censor_ms, negative_rate=negative_rate, seed=seed)
     periods = [(train, rows), (val, val_rows)]
 
@@ -692,12 +726,14 @@ def fit(
         return fold_scores(
             data, periods, fold, block, params,
             rounds=booster.current_iteration(), prior_weight=weight, seed=seed, dask_address=dask_address,
+            bins=bins,
         )
 
     val_scores: dict[str, np.ndarray] = {}
 
-    def score_val() -> dict[str, np.ndarray]:
-        val_scores.update(data.scores(val, {p: scorers[p] for p in PREDICTORS}))
+    def score_val() -> dict[str, np.ndarray]:  # the scores the candidates were judged by
+        val_scores.update(model=unthresholded.calibrated(judged_by.pop("margin")), rules=rule_scores(val),
+                          logistic=logistic.probability(judged_by.pop("log_odds")))
         return val_scores
 
     scored = out_of_fold(train, val, score_val, fit_fold, cadence_ms=data.cadence_ms, clear_ms=clear_ms,
@@ -827,19 +863,21 @@ def fold_scores(
     prior_weight: float,
     seed: int,
     dask_address: str | None = None,
+    bins: list[dict[str, Any]] | None = None,
 ) -> dict[str, np.ndarray]:
     """A fold's models (:mod:`foreshock.models.folds`): the recipe's trees and its logistic
     baseline on the ``periods``' rows outside ``fold`` (:func:`fold_training_rows`), with the
-    model's own choices (``rounds`` trees, ``prior_weight``), its margin Platt-calibrated on
-    ``block``; every predictor's scores on ``block``, in its row order. The training rows are
-    let go before ``block`` is scored."""
+    model's own choices (``rounds`` trees, ``prior_weight``, and the forced ``bins`` it was
+    binned with: the training rows' tails, which spares a pass over each fold's rows), its margin
+    Platt-calibrated on ``block``; every predictor's scores on ``block``, in its row order. The
+    training rows are let go before ``block`` is scored."""
     names = data.feature_names
     rows, logistic_rows = fold_training_rows(periods, fold, data.horizon_ms, seed)
     logistic = _fit_logistic(data, logistic_rows, seed)
     init = (prior_weight * log_odds(logistic, rows, data), None) if prior_weight > 0 else None
     weight = rows[WEIGHT].to_numpy() if WEIGHT in rows else None
     booster = fit_booster(data.feature_rows(rows), rows["label"].to_numpy(), None, None, params, dask_address,
-                          init=init, rounds=rounds, weight=weight)
+                          init=init, rounds=rounds, weight=weight, bins=bins)
     del rows, logistic_rows, init, weight
 
     def as_model(calibration: tuple[float, float]) -> RiskModel:

@@ -20,17 +20,20 @@ from foreshock.features import DEFAULT_FEATURE_SET as FS
 from foreshock.features.batch import compute_features
 from foreshock.features.table import FeatureTableError
 from foreshock.models.artifact import RiskModel
+from foreshock.models.baselines import LogisticBaseline, rule_scores
 from foreshock.models.evaluate import evaluate
 from foreshock.models.folds import time_folds
 from foreshock.models.frame import CACHE_DIR, CATEGORY_COLUMNS, TableOnDask, build_labelled, feature_table
 from foreshock.models.train import (
     FAR_FROM_FAILURE_MS,
+    ROW,
     WEIGHT,
     _logistic_rows,
     booster_rows,
     fold_training_rows,
     thin_far_negatives,
     train_from_dataset,
+    train_on,
 )
 from tests.fixtures.model_data import make_synthetic_cluster
 
@@ -239,6 +242,22 @@ def test_a_fold_trains_on_the_rows_a_copy_of_the_periods_outside_it_would_give(c
         pd.testing.assert_frame_equal(trees, booster_rows(copy, **booster))
         pd.testing.assert_frame_equal(logistic, _logistic_rows([(copy, None)], seed=4))
         assert (logistic["label"] == 0).sum() == 10 * logistic["label"].sum()  # a draw, not every row
+
+
+def test_validation_scores_are_those_the_trained_model_and_baselines_give(cluster, tables):
+    """The validation scores of the metrics and the thresholds come from the margin and the
+    prior's log-odds the candidates were judged by, not from reading the rows again: they are the
+    scores the saved model, the rules and the logistic baseline give those rows."""
+    data = build_labelled(cluster.data_dir, HOUR, table=tables["cluster"])
+    model, _, evaluated = train_on(data, negative_rate=0.5)
+    rows, scores = evaluated["val"]
+    val = rows.frame.set_index(ROW)
+    logistic = LogisticBaseline.from_json(model.baselines["logistic"])
+    again = data.scores(val, {"model": model.predict_proba, "logistic": logistic.score})
+    assert 0 < scores["model"].max() < 1 and len(np.unique(scores["logistic"])) > 1
+    np.testing.assert_allclose(scores["model"], again["model"], rtol=1e-12, atol=0)
+    np.testing.assert_allclose(scores["logistic"], again["logistic"], rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(scores["rules"], rule_scores(val))
 
 
 def test_training_states_its_subsampling(cluster, tmp_path):

@@ -120,9 +120,13 @@ def test_trees_are_boosted_from_the_weighted_logistic_baseline():
     train, val = frame.iloc[:8000], frame.iloc[8000:]
     prior = LogisticBaseline(["a", "b"]).fit(train, train["label"].to_numpy())
     params = {**DEFAULT_PARAMS, "min_child_samples": 50}
-    booster, weight, judged = fit_with_prior(train, val, ["a", "b"], params, prior, PRIOR_WEIGHT)
+    choice = fit_with_prior(train, val, ["a", "b"], params, prior, PRIOR_WEIGHT)
+    weight, judged = choice.weight, choice.judged
     assert weight == PRIOR_WEIGHT and judged[PRIOR_WEIGHT]["pr_auc"] > judged[0.0]["pr_auc"]
-    margin = booster.predict(val[["a", "b"]], raw_score=True) + PRIOR_WEIGHT * prior.frame_log_odds(val)
+    trees = choice.booster.predict(val[["a", "b"]].to_numpy(np.float32), raw_score=True)  # float32, as binned
+    margin = trees + PRIOR_WEIGHT * prior.frame_log_odds(val)
+    np.testing.assert_array_equal(choice.val_margin, margin)  # what it was judged by is the model's margin
+    np.testing.assert_array_equal(choice.val_log_odds, prior.frame_log_odds(val))
     kept_map = platt_calibration(margin, val["label"].to_numpy())
     assert np.allclose(kept_map, (judged[weight]["platt_slope"], judged[weight]["platt_intercept"]))
 
@@ -144,7 +148,8 @@ def test_early_stopping_judges_the_stop_rows_and_the_candidates_all_of_validatio
     fit = foreshock.models.train._fit_booster
     monkeypatch.setattr(foreshock.models.train, "_fit_booster", lambda *a: calls.append(a) or fit(*a))
     params = {**DEFAULT_PARAMS, "min_child_samples": 50}
-    booster, weight, judged = fit_with_prior(train, val, ["a", "b"], params, prior, PRIOR_WEIGHT, stop=stop)
+    choice = fit_with_prior(train, val, ["a", "b"], params, prior, PRIOR_WEIGHT, stop=stop)
+    booster, weight, judged = choice.booster, choice.weight, choice.judged
     assert len(calls) == 2
     for x_val, y_val, init, val_weight in ((c[2], c[3], c[6], c[9]) for c in calls):
         assert len(x_val) == len(y_val) == len(stop) < len(val) / 2
@@ -195,7 +200,8 @@ def test_a_prior_that_loses_on_validation_is_dropped():
     fitted = LogisticBaseline(["a", "b", "c"]).fit(train, train["label"].to_numpy())
     reversed_prior = LogisticBaseline.from_json({**fitted.to_json(), "coef": (-fitted.coef_).tolist()})
     params = {**DEFAULT_PARAMS, "min_child_samples": 50}
-    booster, weight, judged = fit_with_prior(train, val, ["a", "b", "c"], params, reversed_prior, 1.0)
+    choice = fit_with_prior(train, val, ["a", "b", "c"], params, reversed_prior, 1.0)
+    booster, weight, judged = choice.booster, choice.weight, choice.judged
     assert weight == 0.0 and judged[0.0]["pr_auc"] > judged[1.0]["pr_auc"]
     assert judged[0.0]["platt_slope"] > 0.5 and booster.current_iteration() >= 1
     margin = booster.predict(val[["a", "b", "c"]], raw_score=True)
@@ -275,7 +281,7 @@ def test_trees_bin_rows_read_in_blocks_as_they_bin_one_matrix():
     rows = FeatureRows(x, list(x.columns))
     assert len(list(rows.blocks())) == 5
     booster = fit_booster(rows, y, None, None, params, rounds=20)
-    with forced_bins_file(x) as bins:
+    with forced_bins_file(tail_bin_bounds(x)) as bins:
         matrix = x.to_numpy(np.float32)
         whole = lgb.train({**params, "metric": "average_precision", "forcedbins_filename": bins},
                           lgb.Dataset(matrix, y, feature_name=list(x.columns)), num_boost_round=20)
@@ -297,7 +303,7 @@ def test_weighted_trees_stop_on_the_validation_rows_read_in_blocks_as_on_one_mat
     x_train, x_val = FeatureRows(x.iloc[train], ["a", "b"]), FeatureRows(x.iloc[val], ["a", "b"])
     booster = fit_booster(x_train, y[train], x_val, y[val], params, weight=weight[train])
     history: list[float] = []
-    with forced_bins_file(x.iloc[train]) as bins:
+    with forced_bins_file(tail_bin_bounds(x.iloc[train])) as bins:
         lgb.train({**params, "metric": "average_precision", "forcedbins_filename": bins},
                   lgb.Dataset(x.iloc[train].to_numpy(np.float32), y[train], weight=weight[train]),
                   num_boost_round=foreshock.models.train.MAX_ROUNDS,
