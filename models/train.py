@@ -884,11 +884,45 @@ def fold_scores(
         return RiskModel(booster, feature_names=names, feature_set_hash="fold", threshold=1.0,
                          calibration=calibration, prior=logistic, prior_weight=prior_weight)
 
-    scorers = {"model": as_model((1.0, 0.0)).margin, "rules": rule_scores, "logistic": logistic.score}
-    scores = data.scores(block, scorers)
+    shared = _SharedLogOdds(as_model((1.0, 0.0)), logistic)
+    scores = data.scores(block, {"model": shared.margin, "rules": rule_scores, "logistic": shared.score})
     margin = scores["model"]
     calibrated = as_model(platt_calibration(margin, block["label"].to_numpy())).calibrated(margin)
     return {**scores, "model": calibrated}
+
+
+class _SharedLogOdds:
+    """The model's and the logistic baseline's scorers of the same rows, the baseline's log-odds
+    of a block computed once for both: the model's prior is that baseline (recipe step 2), and
+    standardising a block of float64 features costs about what the trees do. ``score`` reuses the
+    log-odds :meth:`margin` found for the same block (:func:`scores_in_blocks` hands every scorer
+    the same block in turn); asked alone, it finds them itself."""
+
+    def __init__(self, model: RiskModel, logistic: LogisticBaseline) -> None:
+        self.model, self.logistic = model, logistic
+        self._last: tuple[pd.DataFrame, np.ndarray] | None = None
+
+    def margin(self, rows: pd.DataFrame) -> np.ndarray:
+        """:meth:`RiskModel.margin` of ``rows``."""
+        model = self.model
+        if model.prior is not None and model.prior is not self.logistic:
+            return model.margin(rows)
+        x = model.matrix(rows)
+        log_odds = self.logistic.log_odds(x)
+        self._last = (rows, log_odds)
+        trees = np.asarray(model.booster.predict(x, raw_score=True), dtype=np.float64)
+        return trees if model.prior is None else trees + model.prior_weight * log_odds
+
+    def probability(self, rows: pd.DataFrame) -> np.ndarray:
+        """:meth:`RiskModel.predict_proba` of ``rows``."""
+        return self.model.calibrated(self.margin(rows))
+
+    def score(self, rows: pd.DataFrame) -> np.ndarray:
+        """:meth:`LogisticBaseline.score` of ``rows``."""
+        last, self._last = self._last, None
+        if last is None or last[0] is not rows:
+            return self.logistic.score(rows)
+        return self.logistic.probability(last[1])
 
 
 def score_parts(
@@ -900,7 +934,8 @@ def score_parts(
     ``data`` (:data:`ROW`). Takes the parts out of ``parts``: each is sorted into EvalRows'
     (node, ts) order with its scores a column at a time (:func:`concat_compact`), never held
     twice."""
-    scorers = {"model": fitted.model.predict_proba, "rules": rule_scores, "logistic": fitted.logistic.score}
+    shared = _SharedLogOdds(fitted.model, fitted.logistic)
+    scorers = {"model": shared.probability, "rules": rule_scores, "logistic": shared.score}
     evaluated: dict[str, tuple[EvalRows, dict]] = {}
     for part in ("test", "val", "test_unseen_nodes"):
         frame = parts.pop(part)

@@ -13,7 +13,7 @@ import foreshock.models.train
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline
 from foreshock.models.evaluate import evaluate
-from foreshock.models.frame import FEATURE_BLOCK_ROWS, FeatureRows
+from foreshock.models.frame import FEATURE_BLOCK_ROWS, FeatureRows, scores_in_blocks
 from foreshock.models.train import (
     DEFAULT_PARAMS,
     MIN_PLATT_SLOPE,
@@ -188,6 +188,20 @@ def test_training_keeps_the_candidate_validation_chose_and_weight_0_trains_trees
     info = json.loads((tmp_path / "metrics.json").read_text())["_info"]
     assert info["prior_weight"] == 0 and set(info["prior_val_pr_auc"]) == {"0"}
     assert np.allclose(alone.margin(x), alone.booster.predict(x, raw_score=True))
+
+
+def test_the_model_and_its_baseline_score_a_block_with_one_log_odds_as_each_alone(trained, synthetic_cluster):
+    """Scoring rows, the model and the logistic baseline (its prior) share each block's log-odds:
+    their scores are those each gives alone, and the baseline asked alone still scores."""
+    model, _, _ = trained
+    logistic = model.prior or LogisticBaseline.from_json(model.baselines["logistic"])
+    shared = foreshock.models.train._SharedLogOdds(model, logistic)
+    rows = synthetic_cluster.features.head(5000)
+    got = scores_in_blocks(rows, {"model": shared.probability, "logistic": shared.score})
+    np.testing.assert_array_equal(got["model"], model.predict_proba(rows))
+    np.testing.assert_array_equal(got["logistic"], logistic.score(rows))
+    assert len(np.unique(got["logistic"])) > 100
+    np.testing.assert_array_equal(shared.score(rows.iloc[:10]), logistic.score(rows.iloc[:10]))
 
 
 def test_a_prior_that_loses_on_validation_is_dropped():
@@ -483,8 +497,11 @@ def test_validation_scores_fit_kept_are_placed_with_their_rows_not_scored_again(
     data = LabelledData(pd.concat(parts.values()), ["a"], "set", minute, 60 * minute, {}, "print")
     a = val["a"].to_numpy()
     kept = {"model": 2 * a, "rules": a + 5, "logistic": -a}
-    model = SimpleNamespace(predict_proba=lambda f: f["a"].to_numpy())
-    logistic = SimpleNamespace(score=lambda f: 1 - f["a"].to_numpy())
+    # a model whose probability is its one feature, and a baseline whose score is 1 minus it
+    trees = SimpleNamespace(predict=lambda x, raw_score: x[:, 0])
+    model = SimpleNamespace(prior=None, prior_weight=0.0, matrix=lambda f: f[["a"]].to_numpy(), booster=trees,
+                            calibrated=lambda m: m)
+    logistic = SimpleNamespace(log_odds=lambda x: x[:, 0], probability=lambda lo: 1 - lo)
     fitted = Fitted(model, logistic, {}, [], {}, {}, 0, 0, dict(kept))
     evaluated = score_parts(data, fitted, parts, minute, 0)
     rows, scores = evaluated["val"]
@@ -496,3 +513,4 @@ def test_validation_scores_fit_kept_are_placed_with_their_rows_not_scored_again(
     assert fitted.val_scores == {}  # taken out, not held beside the sorted copy
     test_rows, test_scores = evaluated["test"]
     np.testing.assert_array_equal(test_scores["model"], test_rows.frame["a"].to_numpy())
+    np.testing.assert_array_equal(test_scores["logistic"], 1 - test_rows.frame["a"].to_numpy())
