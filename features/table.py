@@ -34,7 +34,6 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 __all__ = [
@@ -228,39 +227,37 @@ class FeatureTable:
         release_freed_memory()
         return frame
 
-    def read_day(self, day: int, columns: Sequence[str] | None = None) -> pd.DataFrame:
-        """Every group's rows of one day, sorted by (ts, node): the engines' row order."""
+    def read_day(self, day: int, columns: Sequence[str] | None = None, places: bool = False) -> pd.DataFrame:
+        """Every group's rows of one day, sorted by (ts, node): the engines' row order. With
+        ``places``, each row's place among the day's partitions read one after another (``_place``,
+        int32): what :meth:`day_row_blocks` reads rows by."""
         parts = [self.read(p, columns) for p in self.partitions if p.day == day]
         frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["node", "ts"])
+        if places:
+            frame["_place"] = np.arange(len(frame), dtype=np.int32)
         return frame.sort_values(["ts", "node"], kind="stable", ignore_index=True)
 
     def fill_day_rows(
         self, day: int, at: np.ndarray, columns: Sequence[str], out: np.ndarray, rows: np.ndarray
     ) -> None:
-        """Write the rows at positions ``at`` of :meth:`read_day`'s frame of ``day``, only
-        ``columns``, into ``out``: the k-th into ``out[rows[k]]``, one column of ``out`` per column
-        (:meth:`day_row_blocks`)."""
+        """Write the rows at places ``at`` of ``day`` (:meth:`day_row_blocks`), only ``columns``,
+        into ``out``: the k-th into ``out[rows[k]]``, one column of ``out`` per column."""
         for mine, values in self.day_row_blocks(day, at, columns):
             out[rows[mine]] = values
 
     def day_row_blocks(
         self, day: int, at: np.ndarray, columns: Sequence[str]
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The rows at positions ``at`` of :meth:`read_day`'s frame of ``day``, only ``columns``, a
-        partition at a time: ``(which of at, their values)``, float32, one column per column.
-
-        The day's order is found from ``ts`` and ``node`` alone (a stable sort, as read_day's);
-        then each partition's columns are read by themselves and only the rows asked for are
-        taken, so memory holds one node group's day, not the fleet's (2,048 nodes' day of
-        features is over a gigabyte). What Arrow held of each is handed back
+        """The rows at places ``at`` of ``day``, only ``columns``, a partition at a time: ``(which
+        of at, their values)``, float32, one column per column. A row's place is among the day's
+        partitions read one after another (:meth:`read_day`'s ``_place``), so no read of the day
+        sorts it again: each partition's columns are read by themselves and only the rows asked
+        for are taken, and memory holds one node group's day, not the fleet's (2,048 nodes' day
+        of features is over a gigabyte). What Arrow held of each is handed back
         (:func:`release_freed_memory`)."""
         parts = [p for p in self.partitions if p.day == day]
-        keys = [pq.read_table(self.path / p.path, columns=["ts", "node"]) for p in parts]
-        bounds = np.cumsum([0, *(k.num_rows for k in keys)])
-        by = [("ts", "ascending"), ("node", "ascending")]
-        order = pc.sort_indices(pa.concat_tables(keys), sort_keys=by)
-        del keys
-        src = order.to_numpy()[np.asarray(at, dtype=np.int64)]  # places in the partitions, one after another
+        bounds = np.cumsum([0, *(p.rows for p in parts)])
+        src = np.asarray(at, dtype=np.int64)
         part_of = np.searchsorted(bounds, src, side="right") - 1
         for i, partition in enumerate(parts):
             mine = np.flatnonzero(part_of == i)

@@ -69,12 +69,12 @@ class LabelledData:
     """The labelled rows and what they were made from.
 
     Read from a feature table, :attr:`frame` holds every row's labels, rule evidence and the
-    row's place in its table day (``_src``), not its features: a month of a 2,048-node fleet is
-    84.5 M rows, 34 GB of float32 features, and no step needs them all at once. A step takes the
-    features of the rows it works on (:meth:`with_features`), or scores rows a table day at a
-    time (:meth:`scores`). Given the features as a frame, :attr:`frame` holds them too.
-    A subset of :attr:`frame` keeps its index, the rows' positions, which is how both methods
-    find their features."""
+    row's place among its table day's partitions (``_src``), not its features: a month of a
+    2,048-node fleet is 84.5 M rows, 34 GB of float32 features, and no step needs them all at
+    once. A step takes the features of the rows it works on (:meth:`with_features`), or scores
+    rows a table day at a time (:meth:`scores`). Given the features as a frame, :attr:`frame`
+    holds them too. A subset of :attr:`frame` keeps its index, the rows' positions, which is how
+    both methods find their features."""
 
     frame: pd.DataFrame
     feature_names: list[str]
@@ -364,11 +364,11 @@ class LabelledStream:
     def chunk_count(self) -> int:
         return len(self.table.partitions)
 
-    def _keys(self, read: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
-        """Rows read of the table (node, ts) labelled, each with its place in what was read (``_src``)."""
+    def _keys(self, read: pd.DataFrame, events: pd.DataFrame, src: np.ndarray) -> pd.DataFrame:
+        """Rows read of the table (node, ts) labelled, each with its place ``src`` (``_src``)."""
         rows = pd.DataFrame({"node": _category(read["node"].array),
                              "ts": read["ts"].to_numpy(dtype=np.int64),
-                             "_src": np.arange(len(read), dtype=np.int32)})
+                             "_src": src})
         return label_rows(rows, events, self.horizon_ms, end_ms=int(self.manifest["end_ms"]))
 
     def _rule_evidence(self) -> RuleEvidence:
@@ -379,15 +379,16 @@ class LabelledStream:
     def rows_without_features(
         self, progress: Progress | None = None
     ) -> tuple[pd.DataFrame, list[tuple[int, int, int]]]:
-        """Every labelled row with its rule evidence and its place in its table day (``_src``),
-        no feature, in compact dtypes (:func:`compact_rows`); and per table day, its (day, first row,
-        end) in that frame."""
+        """Every labelled row, in each table day's (ts, node) order, with its rule evidence and its
+        place among its day's partitions (``_src``, :meth:`FeatureTable.day_row_blocks`), no
+        feature, in compact dtypes (:func:`compact_rows`); and per table day, its (day, first
+        row, end) in that frame."""
         events = read_events(self.data_dir)
         evidence = self._rule_evidence()
         keys, days, at = [], [], 0
-        read = zip(self.table.days, self.table.iter_days(["node", "ts"]), strict=True)
-        for i, (day, rows) in enumerate(read):
-            labelled = self._keys(rows, events)
+        for i, day in enumerate(self.table.days):
+            rows = self.table.read_day(day, ["node", "ts"], places=True)
+            labelled = self._keys(rows, events, rows["_place"].to_numpy())
             keys.append(compact_rows(pd.concat([labelled, evidence.of(labelled)], axis=1)))
             days.append((day, at, at + len(labelled)))
             at += len(labelled)
@@ -407,7 +408,7 @@ class LabelledStream:
         names = self.feature_names
         for partition in self.table.partitions:
             part = self.table.read(partition)
-            keys = self._keys(part, events)
+            keys = self._keys(part, events, np.arange(len(part), dtype=np.int32))
             src = keys.pop("_src").to_numpy()
             values = np.empty((len(keys), len(names)), dtype=np.float32)
             for j, name in enumerate(names):  # only the labelled rows' features, a column at a time
