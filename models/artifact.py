@@ -112,9 +112,17 @@ class RiskModel:
 
     def margin(self, frame: pd.DataFrame | np.ndarray) -> np.ndarray:
         """The log-odds score per row before calibration: trees plus the weighted linear prior."""
-        x = self.matrix(frame)
+        return self.margin_of_matrix(self.matrix(frame))
+
+    def margin_of_matrix(self, x: np.ndarray, prior_log_odds: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`margin` of a :meth:`matrix`; ``prior_log_odds``: the prior's log-odds of its
+        rows, when the caller has them already."""
         trees = np.asarray(self.booster.predict(x, raw_score=True), dtype=np.float64)
-        return trees if self.prior is None else trees + self.prior_weight * self.prior.log_odds(x)
+        if self.prior is None:
+            return trees
+        if prior_log_odds is None:
+            prior_log_odds = self.prior.log_odds(x)
+        return trees + self.prior_weight * prior_log_odds
 
     def predict_proba(self, frame: pd.DataFrame | np.ndarray) -> np.ndarray:
         """Calibrated probability that each row's node fails within ``horizon_minutes``."""

@@ -559,7 +559,10 @@ def tree_margins(
         return {key: predict_blocks(booster, x) for key, booster in boosters.items()}
 
     def trees(booster: lgb.Booster) -> Callable[[pd.DataFrame], np.ndarray]:
-        return lambda rows: booster.predict(rows[names].to_numpy(np.float32, na_value=np.nan), raw_score=True)
+        def raw(block: pd.DataFrame) -> np.ndarray:
+            return booster.predict(block[names].to_numpy(np.float32, na_value=np.nan), raw_score=True)
+
+        return raw
 
     return data.scores(rows, {key: trees(booster) for key, booster in boosters.items()})
 
@@ -904,14 +907,10 @@ class _SharedLogOdds:
 
     def margin(self, rows: pd.DataFrame) -> np.ndarray:
         """:meth:`RiskModel.margin` of ``rows``."""
-        model = self.model
-        if model.prior is not None and model.prior is not self.logistic:
-            return model.margin(rows)
-        x = model.matrix(rows)
+        x = self.model.matrix(rows)
         log_odds = self.logistic.log_odds(x)
         self._last = (rows, log_odds)
-        trees = np.asarray(model.booster.predict(x, raw_score=True), dtype=np.float64)
-        return trees if model.prior is None else trees + model.prior_weight * log_odds
+        return self.model.margin_of_matrix(x, log_odds if self.model.prior is self.logistic else None)
 
     def probability(self, rows: pd.DataFrame) -> np.ndarray:
         """:meth:`RiskModel.predict_proba` of ``rows``."""

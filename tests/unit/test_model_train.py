@@ -498,9 +498,8 @@ def test_validation_scores_fit_kept_are_placed_with_their_rows_not_scored_again(
     a = val["a"].to_numpy()
     kept = {"model": 2 * a, "rules": a + 5, "logistic": -a}
     # a model whose probability is its one feature, and a baseline whose score is 1 minus it
-    trees = SimpleNamespace(predict=lambda x, raw_score: x[:, 0])
-    model = SimpleNamespace(prior=None, prior_weight=0.0, matrix=lambda f: f[["a"]].to_numpy(), booster=trees,
-                            calibrated=lambda m: m)
+    model = SimpleNamespace(prior=None, matrix=lambda f: f[["a"]].to_numpy(),
+                            margin_of_matrix=lambda x, prior_log_odds: x[:, 0], calibrated=lambda m: m)
     logistic = SimpleNamespace(log_odds=lambda x: x[:, 0], probability=lambda lo: 1 - lo)
     fitted = Fitted(model, logistic, {}, [], {}, {}, 0, 0, dict(kept))
     evaluated = score_parts(data, fitted, parts, minute, 0)
