@@ -21,7 +21,13 @@ import pandas as pd
 from foreshock.features import DEFAULT_FEATURE_SET
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline
-from foreshock.models.train import DEFAULT_PARAMS, PRIOR_WEIGHT, forced_bins_file, monotone_directions
+from foreshock.models.train import (
+    DEFAULT_PARAMS,
+    PRIOR_WEIGHT,
+    forced_bins_file,
+    monotone_directions,
+    tail_bin_bounds,
+)
 
 
 def _data(rows: int, names: list[str], seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
@@ -55,7 +61,7 @@ def main() -> None:
 
     x, y = _data(train_rows, names)
     t0 = time.perf_counter()
-    with forced_bins_file(x) as bins:  # trained as train trains: tail bins, monotone trees
+    with forced_bins_file(tail_bin_bounds(x)) as bins:  # trained as train trains: tail bins, monotone trees
         params = {
             **DEFAULT_PARAMS,
             "forcedbins_filename": bins,
