@@ -35,11 +35,16 @@ __all__ = ["Calibration", "calibrate"]
 
 @dataclass(frozen=True)
 class Calibration:
-    """The recalibrated model, what its ``threshold_source`` records, and each predictor's choice."""
+    """The recalibrated model, what its ``threshold_source`` records, each predictor's choice, and
+    how many of the calibration rows the model's new threshold alerts on: none when the data's top
+    score is itself an alarm the budget cannot afford, a threshold that silences the model
+    (unlabelled rows of a short history whose top scores are failures do that), which the operator
+    must hear."""
 
     model: RiskModel
     source: dict[str, Any]
     choices: dict[str, BudgetChoice]
+    alerting_rows: int
 
 
 def calibrate(
@@ -79,4 +84,6 @@ def calibrate(
         "previous_threshold": model.threshold,
         **choices["model"].to_json(),
     }
-    return Calibration(model.with_threshold(choices["model"].threshold, baselines, source), source, choices)
+    threshold = choices["model"].threshold
+    alerting = int(np.count_nonzero(scores["model"] >= threshold))
+    return Calibration(model.with_threshold(threshold, baselines, source), source, choices, alerting)

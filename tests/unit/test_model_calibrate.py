@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from foreshock.commands.calibrate import _summary, _threshold_text
 from foreshock.models.alerting import EvalRows, poisson_upper_bound
 from foreshock.models.artifact import RiskModel
 from foreshock.models.calibrate import calibrate
@@ -52,6 +55,15 @@ def test_labels_exclude_the_true_alerts_so_the_threshold_can_only_fall(model, ot
     caught = [rows.at_threshold(m.predict_proba(rows.frame), m.threshold)["caught"]
               for m in (labelled, unlabelled)]
     assert caught[0] >= caught[1]
+    alerting = calibrate(model, other, BUDGET)
+    assert alerting.alerting_rows == int(alerting.model.alerts(other.frame).sum()) > 0
+    assert not [line for line in _summary(alerting, Path("other")) if "alerts on none" in line]
+
+
+def test_thresholds_near_1_are_printed_apart_from_1():
+    assert _threshold_text(0.9999995900493637) == "0.99999959"
+    assert _threshold_text(0.9953939) == "0.9954" and _threshold_text(0.5) == "0.5"
+    assert _threshold_text(1.0000000000000002) == "1"
 
 
 def test_only_thresholds_move_and_the_record_travels_with_the_saved_model(
@@ -88,6 +100,8 @@ def test_a_budget_no_alert_can_keep_gives_a_model_that_never_alerts(model, other
     result = calibrate(model, other, 0.0, use_labels=False)
     scores = result.model.predict_proba(other.frame)
     assert result.model.threshold > scores.max() and not result.model.alerts(other.frame).any()
+    assert result.alerting_rows == 0
+    assert "the model now alerts on none of these rows" in _summary(result, Path("other"))[-1]
     assert model.with_threshold(NEVER_ALERT).threshold == NEVER_ALERT > 1.0  # valid: it never alerts
     with pytest.raises(ValueError, match="not a probability"):
         model.with_threshold(1.5)
