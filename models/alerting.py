@@ -43,7 +43,7 @@ Definitions (used for every predictor alike, so the numbers compare):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -373,10 +373,11 @@ def budget_threshold(
     parts: Sequence[tuple[EvalRows, np.ndarray]], budget_per_1000_node_days: float,
     confidence: float = BUDGET_CONFIDENCE,
 ) -> BudgetChoice:
-    """The lowest candidate threshold (see :meth:`EvalRows.sweep`) at and above which the false
-    alarms on the rows of ``parts`` (each with its scores) keep their upper bound within the budget
-    (the module docstring). Above every score (no alerts) when the top score is itself a false
-    alarm the budget cannot afford.
+    """The lowest threshold at and above which the false alarms on the rows of ``parts`` (each with
+    its scores) keep their upper bound within the budget (the module docstring): the candidates of
+    :meth:`EvalRows.sweep` from the top down, then the scores between the last one within the
+    budget and the first over it (:func:`_lowest_within`). Above every score (no alerts) when the
+    top score is itself a false alarm the budget cannot afford.
 
     The parts are judged as one set of rows whose node-days add up; their nodes must be apart (no
     alert episode spans two parts), as the threshold folds' are. Judging them part by part spares a
@@ -395,11 +396,38 @@ def budget_threshold(
     for thr in _candidates(*(score for _, score in parts)):
         most = max(most, false_alarms(thr))
         if most > allowed:
+            chosen, kept = _lowest_within(parts, false_alarms, float(thr), chosen, kept, allowed)
             break
         chosen, kept = float(thr), most
     bound = poisson_upper_bound(kept, confidence) / days * 1000.0
     return BudgetChoice(chosen, float(budget_per_1000_node_days), float(confidence), days, kept, bound,
                         bound <= budget_per_1000_node_days)
+
+
+def _lowest_within(
+    parts: Sequence[tuple[EvalRows, np.ndarray]],
+    false_alarms: Callable[[float], int],
+    over: float,
+    within: float,
+    kept: int,
+    allowed: int,
+) -> tuple[float, int]:
+    """The lowest score between two neighbouring candidates, ``over`` (its alarms break the budget)
+    and ``within`` (they do not), that keeps the budget, with the most false alarms seen on the way:
+    a bisection over the distinct scores between them. Deep in the scores the candidates are
+    rank-spaced, and two false alarms that enter between neighbours would otherwise leave the
+    threshold at the upper one, with fewer alarms than the budget affords and fewer catches. Like
+    the candidates, the bisection judges a threshold by the alarms of those it tried above it."""
+    between = np.unique(np.concatenate([score[(score > over) & (score < within)] for _, score in parts]))
+    lo, hi = -1, between.size  # between[lo] breaks the budget (lo = -1: over), between[hi] keeps it
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        n = max(kept, false_alarms(float(between[mid])))
+        if n <= allowed:
+            hi, kept = mid, n
+        else:
+            lo = mid
+    return (float(between[hi]) if hi < between.size else within), kept
 
 
 def _candidates(*scores: np.ndarray, block: int = 1 << 20) -> np.ndarray:

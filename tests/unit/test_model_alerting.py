@@ -144,6 +144,32 @@ def test_budget_threshold_does_not_step_into_a_pocket():
     assert (choice.threshold, choice.false_alarms) == (0.8, 3)
 
 
+def test_budget_threshold_finds_the_lowest_score_between_rank_spaced_candidates():
+    """Fifty nodes x one day with a background under 0.5 and twelve two-hour false alarms, each
+    rising through 120 distinct scores: deep in 72,000 distinct scores the candidates are
+    rank-spaced, and the threshold is still the lowest score that keeps the five alarms the budget
+    affords."""
+    from foreshock.models.alerting import _candidates
+
+    rng = np.random.default_rng(3)
+    frame = pd.DataFrame({"node": np.repeat([f"n{i:02d}" for i in range(50)], 1440),
+                          "ts": np.tile(np.arange(1440) * MIN, 50), "label": 0, "failure_ts": pd.NA,
+                          "cause": None, "detectable": None})
+    rows = EvalRows(frame, MIN, 30 * MIN)
+    score = rng.random(len(frame)) * 0.5
+    peaks = np.sort(rng.uniform(0.6, 0.99, 12))[::-1]
+    for i, peak in enumerate(peaks):  # node i's alarm at minutes 600..719, peaking at its last row
+        score[i * 1440 + 600: i * 1440 + 720] = np.linspace(0.55, peak, 120)
+    # 200 per 1,000 node-days on 50 node-days affords a mean of 10: the 90 % bound of 5 alarms is
+    # 9.27, of 6 is 10.53. Any threshold over the sixth peak and up to the fifth keeps five.
+    choice = rows.threshold_for_budget(score, 200.0, confidence=0.9)
+    lowest = score[score > peaks[5]].min()
+    assert (choice.threshold, choice.false_alarms, choice.certified) == (lowest, 5, True)
+    assert rows.episodes(score >= choice.threshold)[1] == 5
+    assert rows.episodes(score >= peaks[5])[1] == 6
+    assert lowest not in _candidates(score)  # the rank-spaced candidates alone would stop higher
+
+
 def test_parts_judged_together_give_the_threshold_of_their_rows_pooled():
     from foreshock.models.alerting import budget_threshold
 
