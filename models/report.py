@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TABLE_COLUMNS", "metrics_table", "write_report", "print_table"]
+__all__ = ["TABLE_COLUMNS", "metrics_table", "write_report", "print_table", "threshold_text"]
 
 _LONG_SETTINGS = ("split", "threshold_selection", "threshold_source")  # shown in their own sections
 
@@ -167,7 +168,7 @@ def _selection_text(metrics: dict[str, Any]) -> list[str]:
     for p in PREDICTORS:
         c = selection[p]
         bound = c["false_alarms_upper_bound_per_1000_node_days"]
-        text.append(f"| {p} | {c['threshold']:.4g} | {c['false_alarms']} | {bound:.2f} | "
+        text.append(f"| {p} | {threshold_text(c['threshold'])} | {c['false_alarms']} | {bound:.2f} | "
                     f"{'yes' if c['certified'] else 'no'} |")
     text += ["", "| fold | scored by | node-days | failures | "
              + " | ".join(f"{p}: false alarms, caught" for p in PREDICTORS) + " |",
@@ -192,7 +193,7 @@ def write_report(
 ) -> Path:
     """``report.md``: setup, the table, recall per cause, thresholds and the plots."""
     info = metrics.get("_info", {})
-    thresholds = ", ".join(f"{p} {metrics[p]['threshold']:.4g}" for p in PREDICTORS)
+    thresholds = ", ".join(f"{p} {threshold_text(metrics[p]['threshold'])}" for p in PREDICTORS)
     text = [
         f"# {title}",
         "",
@@ -238,3 +239,11 @@ def write_report(
     path = Path(out_dir) / "report.md"
     path.write_text("\n".join(text))
     return path
+
+
+def threshold_text(threshold: float) -> str:
+    """Four decimals, more where the threshold is that close to 1: 0.9999996 is not 1 (logistic
+    regression's certified thresholds crowd against it)."""
+    gap = 1.0 - threshold
+    digits = max(4, math.ceil(-math.log10(gap)) + 1) if gap > 0 else 4
+    return f"{threshold:.{digits}f}".rstrip("0").rstrip(".")

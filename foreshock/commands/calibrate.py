@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import typer
@@ -88,6 +87,8 @@ def calibrate(
 
 
 def _summary(result, data: Path) -> list[str]:
+    from foreshock.models.report import threshold_text
+
     s = result.source
     kind = (f"labelled: alerts before the {s['failures_excluded']} failures are not counted" if s["labelled"]
             else "unlabelled: every alert episode counted as a false alarm (an upper bound)")
@@ -95,23 +96,16 @@ def _summary(result, data: Path) -> list[str]:
     for name, c in result.choices.items():
         verdict = "within budget" if c.certified else "not certified: too few node-days; no alarm allowed"
         lines.append(
-            f"  {name}: threshold {_threshold_text(c.threshold)}, {c.false_alarms} false alarms, "
+            f"  {name}: threshold {threshold_text(c.threshold)}, {c.false_alarms} false alarms, "
             f"{c.confidence * 100:g} % bound {c.upper_per_1000_node_days:.2f} per 1,000 node-days against "
             f"a budget of {c.budget_per_1000_node_days:g} ({verdict})"
         )
-    before, after = _threshold_text(s["previous_threshold"]), _threshold_text(s["threshold"])
+    before, after = threshold_text(s["previous_threshold"]), threshold_text(s["threshold"])
     lines.append(f"model threshold {before} -> {after}")
     if result.alerting_rows == 0:
         lines.append("the model now alerts on none of these rows: their top score is an alarm the budget "
                      "cannot afford (record the failures in the node events, or use a longer history)")
     return lines
-
-
-def _threshold_text(threshold: float) -> str:
-    """Four decimals, more where the threshold is that close to 1: 0.9999996 is not 1."""
-    gap = 1.0 - threshold
-    digits = max(4, math.ceil(-math.log10(gap)) + 1) if gap > 0 else 4
-    return f"{threshold:.{digits}f}".rstrip("0").rstrip(".")
 
 
 def register(app: typer.Typer) -> None:

@@ -7,12 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from foreshock.commands.calibrate import _summary, _threshold_text
+from foreshock.commands.calibrate import _summary
 from foreshock.models.alerting import EvalRows, poisson_upper_bound
 from foreshock.models.artifact import RiskModel
 from foreshock.models.calibrate import calibrate
 from foreshock.models.evaluate import budget_of, clear_ms_of, evaluate
 from foreshock.models.frame import build_labelled
+from foreshock.models.report import threshold_text
 from foreshock.models.train import train_from_dataset
 
 BUDGET = 100.0  # per 1,000 node-days: the other cluster's 32 node-days afford a few alarms
@@ -61,9 +62,9 @@ def test_labels_exclude_the_true_alerts_so_the_threshold_can_only_fall(model, ot
 
 
 def test_thresholds_near_1_are_printed_apart_from_1():
-    assert _threshold_text(0.9999995900493637) == "0.99999959"
-    assert _threshold_text(0.9953939) == "0.9954" and _threshold_text(0.5) == "0.5"
-    assert _threshold_text(1.0000000000000002) == "1"
+    assert threshold_text(0.9999995900493637) == "0.99999959"
+    assert threshold_text(0.9953939) == "0.9954" and threshold_text(0.5) == "0.5"
+    assert threshold_text(1.0000000000000002) == "1"
 
 
 def test_only_thresholds_move_and_the_record_travels_with_the_saved_model(
