@@ -14,6 +14,7 @@ balanced class weights), stored as plain numbers so it travels in JSON beside th
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from foreshock.features.buckets import counter_increases
+from foreshock.features.table import FeatureTable
 from foreshock.ingest.dataset import part_paths
 from foreshock.models.labels import node_codes
 
@@ -61,6 +63,10 @@ CRITICAL_XIDS = frozenset(
 UNCORRECTABLE_COUNTERS = ("ecc_dbe_vol_total", "uncorrectable_remapped_rows", "retired_dbe")
 SBE_COUNTER = "ecc_sbe_vol_total"
 RULE_COLUMNS = ("rule_critical", "rule_sbe_per_min")
+# what the evidence a feature table keeps was read by: evidence of other rules is read afresh
+_EVIDENCE_KEY = hashlib.sha256(
+    repr((sorted(CRITICAL_XIDS), UNCORRECTABLE_COUNTERS, SBE_COUNTER)).encode()
+).hexdigest()[:12]
 SBE_REFERENCE_PER_MIN = 1.0
 # rows standardised at once by LogisticBaseline: 26 MB of float64 for 101 features, and a few
 # copies of it; a multiple of 8, so that BLAS rounds every row as it would in one block
@@ -179,6 +185,22 @@ class RuleEvidence:
     def read(cls, data_dir: str | Path, cadence_ms: int, window_ms: int = 600_000) -> RuleEvidence:
         data_dir = Path(data_dir)
         return cls(_gpu_increments(data_dir, cadence_ms), _critical_xids(data_dir, cadence_ms), window_ms)
+
+    def attach_to(self, table: FeatureTable) -> None:
+        """Keep this evidence with the feature table of the same dataset (read at the table's
+        cadence): ``train`` and ``evaluate`` then read it back (:meth:`of_table`) instead of
+        scanning the raw GPU table again."""
+        table.attach(f"rules-{_EVIDENCE_KEY}-gpu", self.gpu)
+        table.attach(f"rules-{_EVIDENCE_KEY}-xid", self.xid)
+
+    @classmethod
+    def of_table(cls, table: FeatureTable, data_dir: str | Path, window_ms: int = 600_000) -> RuleEvidence:
+        """The evidence kept with ``table`` (:meth:`attach_to`), or read from the raw telemetry of
+        ``data_dir``, the table's dataset, when it holds none of these rules' definition."""
+        gpu, xid = (table.attached(f"rules-{_EVIDENCE_KEY}-{kind}") for kind in ("gpu", "xid"))
+        if gpu is None or xid is None:
+            return cls.read(data_dir, table.identity.cadence_ms, window_ms)
+        return cls(gpu, xid, window_ms)
 
     def of(self, rows: pd.DataFrame) -> pd.DataFrame:
         """``rule_critical`` (critical Xids plus uncorrectable-ECC increases in the window) and

@@ -25,7 +25,13 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from foreshock.features.table import FeatureTable, FeatureTableError, TableIdentity, release_freed_memory
+from foreshock.features.table import (
+    FeatureTable,
+    FeatureTableError,
+    TableIdentity,
+    gather_rows,
+    release_freed_memory,
+)
 from foreshock.ingest.dataset import read_events, read_manifest
 from foreshock.models.alerting import sorted_by_node_ts
 from foreshock.models.baselines import RULE_COLUMNS, RuleEvidence, rule_inputs
@@ -43,10 +49,13 @@ __all__ = [
     "compact_rows",
     "concat_compact",
     "scores_in_blocks",
+    "FeatureBlock",
+    "Scorer",
     "dataset_fingerprint",
     "feature_set_identity",
     "feature_table",
     "open_labelled",
+    "write_table",
 ]
 
 CACHE_DIR = "feature-cache"
@@ -88,9 +97,9 @@ class LabelledData:
 
     chunk_count = 1
 
-    def chunks(self) -> Iterator[pd.DataFrame]:
-        """The frame with its features, as :meth:`LabelledStream.chunks` hands out its days."""
-        yield self.with_features(self.frame)
+    def chunks(self) -> Iterator[FeatureBlock]:
+        """The frame and its features, as :meth:`LabelledStream.chunks` hands out its partitions."""
+        yield FeatureBlock(self.frame, self.feature_matrix(self.frame))
 
     def _in_frame(self, rows: pd.DataFrame) -> bool:
         return self.table is None or all(n in rows.columns for n in self.feature_names)
@@ -129,25 +138,23 @@ class LabelledData:
         """The features of ``rows`` (rows of :attr:`frame`, in its order) a block at a time."""
         return FeatureRows(rows, self.feature_names, self)
 
-    def scores(
-        self, rows: pd.DataFrame, scorers: Mapping[str, Callable[[pd.DataFrame], np.ndarray]]
-    ) -> dict[str, np.ndarray]:
+    def scores(self, rows: pd.DataFrame, scorers: Mapping[str, Scorer]) -> dict[str, np.ndarray]:
         """Each scorer's per-row scores of ``rows`` (rows of :attr:`frame`), in ``rows``' order;
         the features of one table partition (a node group's day) in memory at a time, handed to
         the scorers a block at a time (:func:`scores_in_blocks`). Every scorer scores row by row."""
         if self._in_frame(rows) or not len(rows):
-            return scores_in_blocks(self.with_features(rows), scorers)
+            return scores_in_blocks(self.with_features(rows), scorers, self.feature_names)
         out: dict[str, np.ndarray] = {}
-        for at, chunk in self._partition_rows(rows):
-            for name, got in scores_in_blocks(chunk, scorers).items():
+        for at, block in self._partition_blocks(rows):
+            for name, got in scores_in_blocks(block, scorers).items():
                 if name not in out:
                     out[name] = np.empty(len(rows), dtype=got.dtype)
                 out[name][at] = got
         return out
 
-    def _partition_rows(self, rows: pd.DataFrame) -> Iterator[tuple[np.ndarray, pd.DataFrame]]:
+    def _partition_blocks(self, rows: pd.DataFrame) -> Iterator[tuple[np.ndarray, FeatureBlock]]:
         """``rows`` with their features, a table partition at a time: ``(which of rows, those rows
-        with their features)``, each partition's rows in ``rows``' order."""
+        and their features)``, each partition's rows in ``rows``' order."""
         assert self.table is not None
         positions = rows.index.to_numpy(dtype=np.int64)
         starts = np.array([start for _, start, _ in self.days], dtype=np.int64)
@@ -157,17 +164,53 @@ class LabelledData:
             at = np.flatnonzero(day_of == d)
             day = self.days[d][0]
             for mine, values in self.table.day_row_blocks(day, src[positions[at]], self.feature_names):
-                yield at[mine], self._joined(rows.iloc[at[mine]], values)
+                yield at[mine], FeatureBlock(rows.iloc[at[mine]], values)
+
+
+@dataclass(frozen=True)
+class FeatureBlock:
+    """Rows to score: their own columns (``rows``: labels, rule evidence) and their features
+    (``x``: one matrix, a row per row and a column per feature, in the feature set's order).
+
+    Scorers take one (:data:`Scorer`): the trees and the logistic regression read ``x`` as it
+    is, the rules read ``rows``. A frame holding both would cost a copy of the features to join
+    them (pandas merges the features with the rule evidence's float32 columns) and one to take
+    them out again for every scorer, together as much as the logistic regression's own work."""
+
+    rows: pd.DataFrame
+    x: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def slice(self, start: int, stop: int) -> FeatureBlock:
+        return FeatureBlock(self.rows.iloc[start:stop], self.x[start:stop])
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame, names: list[str]) -> FeatureBlock:
+        """A frame holding the ``names`` features beside its other columns, as a block; the
+        features keep their dtype (float32 from a table, float64 when computed in memory)."""
+        return cls(frame, frame[names].to_numpy(na_value=np.nan))
+
+
+Scorer = Callable[[FeatureBlock], np.ndarray]
+"""A predictor's scorer: one score per row of a block, in its order."""
 
 
 def scores_in_blocks(
-    rows: pd.DataFrame, scorers: Mapping[str, Callable[[pd.DataFrame], np.ndarray]]
+    rows: FeatureBlock | pd.DataFrame, scorers: Mapping[str, Scorer], names: list[str] | None = None
 ) -> dict[str, np.ndarray]:
     """Each scorer's per-row scores of ``rows``, handed to it :data:`SCORE_BLOCK_ROWS` rows at a
-    time: a scorer's float64 copy of a table day's features is gigabytes at a fleet's size."""
+    time: a scorer's float64 copy of a table day's features is gigabytes at a fleet's size.
+    ``rows``: a block, or a frame holding the ``names`` features, each block of which is taken
+    out once for every scorer (:meth:`FeatureBlock.of`)."""
     got: dict[str, list[np.ndarray]] = {name: [] for name in scorers}
     for i in range(0, max(len(rows), 1), SCORE_BLOCK_ROWS):
-        block = rows.iloc[i : i + SCORE_BLOCK_ROWS]
+        if isinstance(rows, FeatureBlock):
+            block = rows.slice(i, i + SCORE_BLOCK_ROWS)
+        else:
+            assert names is not None, "a frame's feature names"
+            block = FeatureBlock.of(rows.iloc[i : i + SCORE_BLOCK_ROWS], names)
         for name, score in scorers.items():
             got[name].append(np.asarray(score(block)))
     return {name: np.concatenate(parts) for name, parts in got.items()}
@@ -281,6 +324,38 @@ def feature_set_identity(features: pd.DataFrame, feature_set: Any = None) -> str
     )
 
 
+def write_table(
+    data_dir: str | Path,
+    out: str | Path,
+    *,
+    feature_set: Any = None,
+    cadence_ms: int = 60_000,
+    client: Any = None,
+    progress: Progress | None = None,
+    overwrite: bool = False,
+) -> FeatureTable:
+    """Compute a dataset folder's feature table into ``out``
+    (:func:`foreshock.features.batch.write_feature_table`, on Dask with ``client``), and keep the
+    rules' evidence of the same dataset with it (:meth:`RuleEvidence.attach_to`): the table
+    ``train`` and ``evaluate`` read, what ``foreshock features`` writes and the dataset's cache
+    holds."""
+    from foreshock.features import DEFAULT_FEATURE_SET
+    from foreshock.features.batch import write_feature_table
+
+    table = write_feature_table(
+        data_dir,
+        out,
+        dataset_fingerprint=dataset_fingerprint(data_dir),
+        feature_set=feature_set if feature_set is not None else DEFAULT_FEATURE_SET,
+        cadence_ms=cadence_ms,
+        client=client,
+        progress=progress,
+        overwrite=overwrite,
+    )
+    RuleEvidence.read(data_dir, cadence_ms).attach_to(table)
+    return table
+
+
 def feature_table(
     data_dir: str | Path,
     cadence_ms: int = 60_000,
@@ -296,7 +371,6 @@ def feature_table(
     first if it is not there (on the Dask cluster at ``dask_address`` when given). A table or a
     cache entry of another identity raises :class:`~foreshock.features.table.FeatureTableError`."""
     from foreshock.features import DEFAULT_FEATURE_SET
-    from foreshock.features.batch import write_feature_table
 
     fs = feature_set if feature_set is not None else DEFAULT_FEATURE_SET
     identity = TableIdentity(str(fs.hash), int(cadence_ms), dataset_fingerprint(data_dir))
@@ -307,15 +381,8 @@ def feature_table(
     if (path / "table.json").is_file():
         return FeatureTable.open(path, expect=identity)
     try:
-        return write_feature_table(
-            data_dir,
-            path,
-            dataset_fingerprint=identity.dataset_fingerprint,
-            feature_set=fs,
-            cadence_ms=cadence_ms,
-            client=dask_address,
-            progress=progress,
-        )
+        return write_table(data_dir, path, feature_set=fs, cadence_ms=cadence_ms, client=dask_address,
+                           progress=progress)
     except OSError as exc:
         raise FeatureTableError(
             f"cannot write the feature cache {path} ({exc}): write a table elsewhere with "
@@ -338,8 +405,9 @@ class LabelledStream:
     """A dataset's labelled rows, read from its feature table a partition (a node group's day) at
     a time (:meth:`chunks`): the same rows, with the same columns, as :func:`build_labelled`'s frame.
 
-    What the rules read of the raw telemetry is read once, in one pass, and gives each day's rows
-    their evidence (:class:`~foreshock.models.baselines.RuleEvidence`)."""
+    What the rules read of the raw telemetry gives each day's rows their evidence
+    (:class:`~foreshock.models.baselines.RuleEvidence`): the evidence kept with the table, or,
+    for a table written without it, read once, in one pass."""
 
     data_dir: Path
     table: FeatureTable
@@ -373,7 +441,7 @@ class LabelledStream:
 
     def _rule_evidence(self) -> RuleEvidence:
         if self._evidence is None:
-            self._evidence = RuleEvidence.read(self.data_dir, self.cadence_ms)
+            self._evidence = RuleEvidence.of_table(self.table, self.data_dir)
         return self._evidence
 
     def rows_without_features(
@@ -400,9 +468,10 @@ class LabelledStream:
             return pd.DataFrame(columns=["node", "ts", "_src", *RULE_COLUMNS]), days
         return concat_compact(keys), days
 
-    def chunks(self) -> Iterator[pd.DataFrame]:
-        """Each partition's labelled rows with their rule evidence, as the table lists them: a
-        node group's day, not a whole day of the fleet sorted (2,048 nodes' day is 3 M rows)."""
+    def chunks(self) -> Iterator[FeatureBlock]:
+        """Each partition's labelled rows with their rule evidence and their features, as the
+        table lists them: a node group's day, not a whole day of the fleet sorted (2,048 nodes'
+        day is 3 M rows)."""
         evidence = self._rule_evidence()
         events = read_events(self.data_dir)
         names = self.feature_names
@@ -410,13 +479,9 @@ class LabelledStream:
             part = self.table.read(partition)
             keys = self._keys(part, events, np.arange(len(part), dtype=np.int32))
             src = keys.pop("_src").to_numpy()
-            values = np.empty((len(keys), len(names)), dtype=np.float32)
-            for j, name in enumerate(names):  # only the labelled rows' features, a column at a time
-                values[:, j] = part[name].to_numpy(dtype=np.float32, na_value=np.nan)[src]
+            values = gather_rows([part[name].to_numpy() for name in names], src)
             del part
-            features = pd.DataFrame(values, columns=names, copy=False)
-            parts = [keys[["node", "ts"]], features, keys.drop(columns=["node", "ts"]), evidence.of(keys)]
-            yield pd.concat(parts, axis=1, copy=False)
+            yield FeatureBlock(pd.concat([keys, evidence.of(keys)], axis=1, copy=False), values)
 
 
 # labelled columns held as categories in a frame of every row (a fleet's month is 85 M rows):

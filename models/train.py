@@ -72,9 +72,24 @@ from foreshock.features.table import release_freed_memory
 from foreshock.models.alerting import ALERT_CLEAR_MS, BUDGET_CONFIDENCE, BudgetChoice, EvalRows
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
-from foreshock.models.evaluate import PREDICTORS, predictor_metrics, write_outputs
+from foreshock.models.evaluate import (
+    PREDICTORS,
+    SharedLogOdds,
+    predictor_metrics,
+    rule_block_scores,
+    scorers_of,
+    write_outputs,
+)
 from foreshock.models.folds import FOLDS, Fold, choose_thresholds, fold_outside, out_of_fold
-from foreshock.models.frame import FeatureRows, LabelledData, TableOnDask, build_labelled, concat_compact
+from foreshock.models.frame import (
+    FeatureBlock,
+    FeatureRows,
+    LabelledData,
+    Scorer,
+    TableOnDask,
+    build_labelled,
+    concat_compact,
+)
 from foreshock.models.ranking import average_precision
 from foreshock.models.splits import make_split
 
@@ -558,9 +573,9 @@ def tree_margins(
         x = FeatureRows(rows, names)
         return {key: predict_blocks(booster, x) for key, booster in boosters.items()}
 
-    def trees(booster: lgb.Booster) -> Callable[[pd.DataFrame], np.ndarray]:
-        def raw(block: pd.DataFrame) -> np.ndarray:
-            return booster.predict(block[names].to_numpy(np.float32, na_value=np.nan), raw_score=True)
+    def trees(booster: lgb.Booster) -> Scorer:
+        def raw(block: FeatureBlock) -> np.ndarray:
+            return booster.predict(block.x, raw_score=True)
 
         return raw
 
@@ -572,7 +587,7 @@ def log_odds(prior: LogisticBaseline, rows: pd.DataFrame, data: LabelledData | N
     (without ``data``) a frame holding its features."""
     if data is None:
         return prior.frame_log_odds(rows)
-    return data.scores(rows, {"prior": prior.frame_log_odds})["prior"]
+    return data.scores(rows, {"prior": lambda block: prior.log_odds(block.x)})["prior"]
 
 
 def choose_prior_weight(judged: dict[float, dict[str, float]]) -> float:
@@ -887,41 +902,12 @@ def fold_scores(
         return RiskModel(booster, feature_names=names, feature_set_hash="fold", threshold=1.0,
                          calibration=calibration, prior=logistic, prior_weight=prior_weight)
 
-    shared = _SharedLogOdds(as_model((1.0, 0.0)), logistic)
-    scores = data.scores(block, {"model": shared.margin, "rules": rule_scores, "logistic": shared.score})
+    shared = SharedLogOdds(as_model((1.0, 0.0)), logistic)
+    scorers = {"model": shared.margin, "rules": rule_block_scores, "logistic": shared.score}
+    scores = data.scores(block, scorers)
     margin = scores["model"]
     calibrated = as_model(platt_calibration(margin, block["label"].to_numpy())).calibrated(margin)
     return {**scores, "model": calibrated}
-
-
-class _SharedLogOdds:
-    """The model's and the logistic baseline's scorers of the same rows, the baseline's log-odds
-    of a block computed once for both: the model's prior is that baseline (recipe step 2), and
-    standardising a block of float64 features costs about what the trees do. ``score`` reuses the
-    log-odds :meth:`margin` found for the same block (:func:`scores_in_blocks` hands every scorer
-    the same block in turn); asked alone, it finds them itself."""
-
-    def __init__(self, model: RiskModel, logistic: LogisticBaseline) -> None:
-        self.model, self.logistic = model, logistic
-        self._last: tuple[pd.DataFrame, np.ndarray] | None = None
-
-    def margin(self, rows: pd.DataFrame) -> np.ndarray:
-        """:meth:`RiskModel.margin` of ``rows``."""
-        x = self.model.matrix(rows)
-        log_odds = self.logistic.log_odds(x)
-        self._last = (rows, log_odds)
-        return self.model.margin_of_matrix(x, log_odds if self.model.prior is self.logistic else None)
-
-    def probability(self, rows: pd.DataFrame) -> np.ndarray:
-        """:meth:`RiskModel.predict_proba` of ``rows``."""
-        return self.model.calibrated(self.margin(rows))
-
-    def score(self, rows: pd.DataFrame) -> np.ndarray:
-        """:meth:`LogisticBaseline.score` of ``rows``."""
-        last, self._last = self._last, None
-        if last is None or last[0] is not rows:
-            return self.logistic.score(rows)
-        return self.logistic.probability(last[1])
 
 
 def score_parts(
@@ -933,8 +919,7 @@ def score_parts(
     ``data`` (:data:`ROW`). Takes the parts out of ``parts``: each is sorted into EvalRows'
     (node, ts) order with its scores a column at a time (:func:`concat_compact`), never held
     twice."""
-    shared = _SharedLogOdds(fitted.model, fitted.logistic)
-    scorers = {"model": shared.probability, "rules": rule_scores, "logistic": shared.score}
+    scorers = scorers_of(fitted.model, fitted.logistic)
     evaluated: dict[str, tuple[EvalRows, dict]] = {}
     for part in ("test", "val", "test_unseen_nodes"):
         frame = parts.pop(part)
@@ -1195,7 +1180,7 @@ def train_from_dataset(
             metrics=_flat_metrics(metrics),
             dataset_fingerprint=data.fingerprint,
             score_on_test=lambda m: average_precision(
-                test_rows.label, data.scores(test, {"m": m.predict_proba})["m"]
+                test_rows.label, data.scores(test, {"m": lambda block: m.predict_proba(block.x)})["m"]
             ),
         )
         model.version = registration.version

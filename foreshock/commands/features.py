@@ -34,10 +34,9 @@ def features(
     """Compute the default feature set at a fixed cadence into a feature table folder."""
     from foreshock.commands.progress import progress_bars
     from foreshock.features import DEFAULT_FEATURE_SET
-    from foreshock.features.batch import write_feature_table
     from foreshock.features.table import FeatureTableError
     from foreshock.ingest.dataset import DatasetError
-    from foreshock.models.frame import dataset_fingerprint
+    from foreshock.models.frame import write_table
 
     cadence_ms = cadence.ms
     try:
@@ -52,10 +51,8 @@ def features(
                 stack.enter_context(cluster)
                 client = stack.enter_context(Client(cluster))
             progress = stack.enter_context(progress_bars())
-            table = write_feature_table(
-                data, out, dataset_fingerprint=dataset_fingerprint(data), cadence_ms=cadence_ms,
-                client=client, progress=progress, overwrite=overwrite,
-            )
+            table = write_table(data, out, cadence_ms=cadence_ms, client=client, progress=progress,
+                                overwrite=overwrite)
     except (ValueError, DatasetError, FeatureTableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -118,6 +118,11 @@ def test_an_unfinished_table_is_refused_then_replaced_and_a_finished_one_kept(da
     with pytest.raises(FeatureTableError, match="already holds a feature table"):
         write_feature_table(dataset, path, dataset_fingerprint="f00d")
     assert FeatureTable.open(path).rows == again.rows  # the refusal left it whole
+    again.attach("notes", pd.DataFrame({"a": [1, 2]}))  # what else the table's readers read
+    pd.testing.assert_frame_equal(FeatureTable.open(path).attached("notes"), pd.DataFrame({"a": [1, 2]}))
+    assert again.attached("other") is None
+    replaced = write_feature_table(dataset, path, dataset_fingerprint="f00d", overwrite=True)
+    assert replaced.rows == again.rows and replaced.attached("notes") is None
     other = tmp_path / "notes"
     other.mkdir()
     (other / "todo.txt").write_text("mine")

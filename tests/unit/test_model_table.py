@@ -13,17 +13,25 @@ import pytest
 from typer.testing import CliRunner
 
 import foreshock.features.batch
+import foreshock.models.baselines
 import foreshock.models.frame
 import foreshock.models.train
 from foreshock.cli import app
 from foreshock.features import DEFAULT_FEATURE_SET as FS
-from foreshock.features.batch import compute_features
+from foreshock.features.batch import compute_features, write_feature_table
 from foreshock.features.table import FeatureTableError
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
 from foreshock.models.evaluate import evaluate
 from foreshock.models.folds import time_folds
-from foreshock.models.frame import CACHE_DIR, CATEGORY_COLUMNS, TableOnDask, build_labelled, feature_table
+from foreshock.models.frame import (
+    CACHE_DIR,
+    CATEGORY_COLUMNS,
+    TableOnDask,
+    build_labelled,
+    dataset_fingerprint,
+    feature_table,
+)
 from foreshock.models.train import (
     FAR_FROM_FAILURE_MS,
     ROW,
@@ -112,7 +120,7 @@ def test_from_a_table_the_frame_holds_no_feature_and_any_rows_read_theirs(cluste
     want = in_memory.loc[pd.MultiIndex.from_frame(rows[["node", "ts"]]), names]
     np.testing.assert_array_equal(got[names].to_numpy(), want.to_numpy())
 
-    scorers = {"first": lambda f: f[names[0]].to_numpy(), "rows": lambda f: np.full(len(f), len(f))}
+    scorers = {"first": lambda block: block.x[:, 0], "rows": lambda block: np.full(len(block), len(block))}
     scored = data.scores(rows, scorers)
     np.testing.assert_array_equal(scored["first"], want[names[0]].to_numpy())
     assert scored["rows"].max() < len(rows)  # a day at a time, never every row at once
@@ -127,6 +135,26 @@ def test_from_a_table_the_frame_is_compact_and_holds_the_in_memory_labels_and_ev
     columns = [c for c in frame.columns if c != "_src"]
     got = frame[columns].astype({c: object for c in CATEGORY_COLUMNS})
     pd.testing.assert_frame_equal(got, in_memory[columns])
+
+
+def test_the_table_keeps_the_rules_evidence_so_reading_it_scans_no_raw_gpu_sample(cluster, tables, tmp_path,
+                                                                                  monkeypatch):
+    """``foreshock features`` keeps the rules' evidence with the table: a table's labelled rows get
+    the evidence the raw telemetry gives without scanning it. A table kept without it, or with
+    the evidence of other rules, has its evidence read from the raw telemetry."""
+    bare = write_feature_table(cluster.data_dir, tmp_path / "bare", dataset_fingerprint=dataset_fingerprint(
+        cluster.data_dir))
+    scans = []
+    scan = foreshock.models.baselines._gpu_increments
+    monkeypatch.setattr(foreshock.models.baselines, "_gpu_increments", lambda *a: scans.append(a) or scan(*a))
+    read_raw = build_labelled(cluster.data_dir, HOUR, table=bare.path).frame
+    assert len(scans) == 1
+    kept = build_labelled(cluster.data_dir, HOUR, table=tables["cluster"]).frame
+    assert len(scans) == 1 and (kept["rule_sbe_per_min"] > 0).any() and (kept["rule_critical"] > 0).any()
+    pd.testing.assert_frame_equal(kept, read_raw)
+    monkeypatch.setattr(foreshock.models.baselines, "_EVIDENCE_KEY", "other-rules")
+    build_labelled(cluster.data_dir, HOUR, table=tables["cluster"])
+    assert len(scans) == 2
 
 
 def test_feature_rows_read_a_table_day_at_a_time_in_the_frames_order(cluster, tables):
@@ -253,7 +281,9 @@ def test_validation_scores_are_those_the_trained_model_and_baselines_give(cluste
     rows, scores = evaluated["val"]
     val = rows.frame.set_index(ROW)
     logistic = LogisticBaseline.from_json(model.baselines["logistic"])
-    again = data.scores(val, {"model": model.predict_proba, "logistic": logistic.score})
+    again = data.scores(val, {"model": lambda block: model.predict_proba(block.rows.assign(**dict(
+        zip(model.feature_names, block.x.T, strict=True)))), "logistic": lambda block: logistic.probability(
+        logistic.log_odds(block.x))})
     assert 0 < scores["model"].max() < 1 and len(np.unique(scores["logistic"])) > 1
     np.testing.assert_allclose(scores["model"], again["model"], rtol=1e-12, atol=0)
     np.testing.assert_allclose(scores["logistic"], again["logistic"], rtol=1e-12, atol=0)

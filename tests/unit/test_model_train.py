@@ -12,8 +12,8 @@ import pytest
 import foreshock.models.train
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline
-from foreshock.models.evaluate import evaluate
-from foreshock.models.frame import FEATURE_BLOCK_ROWS, FeatureRows, scores_in_blocks
+from foreshock.models.evaluate import SharedLogOdds, evaluate
+from foreshock.models.frame import FEATURE_BLOCK_ROWS, FeatureBlock, FeatureRows, scores_in_blocks
 from foreshock.models.train import (
     DEFAULT_PARAMS,
     MIN_PLATT_SLOPE,
@@ -190,18 +190,45 @@ def test_training_keeps_the_candidate_validation_chose_and_weight_0_trains_trees
     assert np.allclose(alone.margin(x), alone.booster.predict(x, raw_score=True))
 
 
+def _with_prior(model: RiskModel) -> RiskModel:
+    """``model``'s trees boosted from its logistic baseline (weight 0.5), whether or not training
+    kept the prior: a model whose prior is that baseline."""
+    return RiskModel(model.booster, feature_names=model.feature_names,
+                     feature_set_hash=model.feature_set_hash, threshold=model.threshold,
+                     calibration=model.calibration, baselines=model.baselines,
+                     prior=LogisticBaseline.from_json(model.baselines["logistic"]), prior_weight=0.5)
+
+
 def test_the_model_and_its_baseline_score_a_block_with_one_log_odds_as_each_alone(trained, synthetic_cluster):
-    """Scoring rows, the model and the logistic baseline (its prior) share each block's log-odds:
-    their scores are those each gives alone, and the baseline asked alone still scores."""
-    model, _, _ = trained
-    logistic = model.prior or LogisticBaseline.from_json(model.baselines["logistic"])
-    shared = foreshock.models.train._SharedLogOdds(model, logistic)
+    """Scoring rows, the model and the logistic baseline (its prior, or the same numbers read back
+    from the model's JSON) share each block's log-odds: their scores are those each gives alone,
+    and the baseline asked alone still scores."""
+    model = _with_prior(trained[0])
+    names = model.feature_names
     rows = synthetic_cluster.features.head(5000)
-    got = scores_in_blocks(rows, {"model": shared.probability, "logistic": shared.score})
-    np.testing.assert_array_equal(got["model"], model.predict_proba(rows))
-    np.testing.assert_array_equal(got["logistic"], logistic.score(rows))
-    assert len(np.unique(got["logistic"])) > 100
-    np.testing.assert_array_equal(shared.score(rows.iloc[:10]), logistic.score(rows.iloc[:10]))
+    for logistic in (model.prior, LogisticBaseline.from_json(model.baselines["logistic"])):
+        shared = SharedLogOdds(model, logistic)
+        got = scores_in_blocks(rows, {"model": shared.probability, "logistic": shared.score}, names)
+        np.testing.assert_array_equal(got["model"], model.predict_proba(rows))
+        np.testing.assert_array_equal(got["logistic"], logistic.score(rows))
+        assert len(np.unique(got["logistic"])) > 100
+        head = FeatureBlock.of(rows.iloc[:10], names)
+        np.testing.assert_array_equal(shared.score(head), logistic.score(rows.iloc[:10]))
+
+
+def test_a_model_scores_with_its_own_prior_beside_another_regression(trained, synthetic_cluster):
+    """Log-odds are shared only with the model's own prior: beside another logistic regression,
+    or with no prior at all, the model scores as it does alone."""
+    with_prior = _with_prior(trained[0])
+    rows = synthetic_cluster.features.head(2000)
+    prior = with_prior.prior
+    other = LogisticBaseline.from_json({**prior.to_json(), "intercept": prior.intercept_ + 3})
+    for model in (with_prior, trained[0]):
+        shared = SharedLogOdds(model, other)
+        scorers = {"model": shared.probability, "logistic": shared.score}
+        got = scores_in_blocks(rows, scorers, model.feature_names)
+        np.testing.assert_array_equal(got["model"], model.predict_proba(rows))
+        np.testing.assert_array_equal(got["logistic"], other.score(rows))
 
 
 def test_a_prior_that_loses_on_validation_is_dropped():
