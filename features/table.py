@@ -238,8 +238,7 @@ class FeatureTable:
     def read(self, partition: Partition, columns: Sequence[str] | None = None) -> pd.DataFrame:
         """One partition (``node`` as str, ``ts`` int64, features float32). What Arrow held to
         read it is handed back (:func:`release_freed_memory`)."""
-        cols = list(columns) if columns else None
-        frame = pq.read_table(self.path / partition.path, columns=cols).to_pandas()
+        frame = _read_partition(self.path / partition.path, columns).to_pandas()
         release_freed_memory()
         return frame
 
@@ -279,7 +278,7 @@ class FeatureTable:
             mine = np.flatnonzero(part_of == i)
             if not mine.size:
                 continue
-            table = pq.read_table(self.path / partition.path, columns=list(columns))
+            table = _read_partition(self.path / partition.path, columns)
             values = gather_rows([table.column(name).to_numpy() for name in columns], src[mine] - bounds[i])
             del table
             release_freed_memory()
@@ -296,6 +295,15 @@ class FeatureTable:
         if not days:
             return pd.DataFrame(columns=["node", "ts", *self.feature_names])
         return pd.concat(days, ignore_index=True)
+
+
+def _read_partition(path: Path, columns: Sequence[str] | None) -> pa.Table:
+    """One partition file, ``columns`` only (every column when None), a chunk per row group.
+    ``pq.read_table`` goes through the dataset reader, whose 128 Ki-row batches leave a
+    partition's columns in pieces that every ``to_numpy`` joins again: reading a 2,048-node day's
+    features through it took 1.4 times as long, 1.8 times for a tenth of its rows."""
+    with pq.ParquetFile(path) as file:
+        return file.read(columns=list(columns) if columns else None)
 
 
 def gather_rows(columns: Sequence[np.ndarray], at: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from foreshock import shipped
 from foreshock.features import DEFAULT_FEATURE_SET as FS
 from foreshock.features.batch import compute_features, peer_group, read_frames, write_feature_table
 from foreshock.features.frames import Codes
-from foreshock.features.table import DAY_MS, FeatureTable, FeatureTableError, TableIdentity
+from foreshock.features.table import DAY_MS, FeatureTable, FeatureTableError, TableIdentity, _read_partition
 from foreshock.features.timeslices import time_slices
 from foreshock.ingest.contract import RETURN_EVENTS
 from foreshock.ingest.dataset import part_paths, read_events
@@ -95,6 +95,20 @@ def test_the_table_on_disk_holds_the_rows_by_peer_group_and_day(dataset, at_once
         assert {peer_group(n, FS) for n in rows["node"]} == {p.group}
         assert (tmp_path / "t" / p.path).is_file()
     assert len({p.group for p in table.partitions}) > 1
+
+
+def test_a_partition_is_read_whole_so_its_columns_reach_numpy_without_a_copy(tmp_path):
+    """A 2,048-node day's partition holds hundreds of thousands of rows: read in the dataset
+    reader's 128 Ki-row batches, every column read would be joined again by a copy."""
+    rows = 300_000
+    frame = pd.DataFrame({"ts": np.arange(rows, dtype=np.int64), "x": np.arange(rows, dtype=np.float32)})
+    frame.to_parquet(tmp_path / "part.parquet", index=False)
+    table = _read_partition(tmp_path / "part.parquet", ["x"])
+    assert table.column_names == ["x"]
+    assert table.column("x").num_chunks == 1
+    x = table.column("x").chunk(0).to_numpy(zero_copy_only=True)
+    np.testing.assert_array_equal(x, frame["x"].to_numpy())
+    assert _read_partition(tmp_path / "part.parquet", None).column_names == ["ts", "x"]
 
 
 def test_the_table_answers_only_for_its_identity(dataset, tmp_path):
