@@ -281,9 +281,8 @@ def test_validation_scores_are_those_the_trained_model_and_baselines_give(cluste
     rows, scores = evaluated["val"]
     val = rows.frame.set_index(ROW)
     logistic = LogisticBaseline.from_json(model.baselines["logistic"])
-    again = data.scores(val, {"model": lambda block: model.predict_proba(block.rows.assign(**dict(
-        zip(model.feature_names, block.x.T, strict=True)))), "logistic": lambda block: logistic.probability(
-        logistic.log_odds(block.x))})
+    again = data.scores(val, {"model": lambda block: model.predict_proba(block.x),
+                              "logistic": lambda block: logistic.probability(logistic.log_odds(block.x))})
     assert 0 < scores["model"].max() < 1 and len(np.unique(scores["logistic"])) > 1
     np.testing.assert_allclose(scores["model"], again["model"], rtol=1e-12, atol=0)
     np.testing.assert_allclose(scores["logistic"], again["logistic"], rtol=1e-12, atol=0)
