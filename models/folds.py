@@ -24,7 +24,7 @@ history, and the test period and unseen datasets check it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,15 +99,16 @@ def out_of_fold(
     cadence_ms: int,
     clear_ms: int,
     folds: int = FOLDS,
-) -> list[ScoredFold]:
-    """Every fold's rows with every predictor's out-of-fold scores.
+) -> Iterator[ScoredFold]:
+    """Every fold's rows with every predictor's out-of-fold scores, a fold at a time, as each is
+    scored: a caller can put each away before the next fold model is fitted (on a fleet's month,
+    the blocks scored so far are gigabytes beside the training rows that model reads).
 
     ``score_val()`` gives the model's and the baselines' scores on ``val`` (in its row order),
     asked for when the validation fold comes, the last; ``fit_fold(fold, block_rows)`` fits the
     fold models on the rows of ``train`` and ``val`` outside the fold (:func:`fold_outside`) and
     returns their scores on ``block_rows`` (in its row order). A block of ``train`` in time order
     (as a feature table's rows are) is a slice of it, not a copy."""
-    out: list[ScoredFold] = []
     ts = train["ts"].to_numpy(dtype=np.int64)
     in_time_order = bool(np.all(ts[1:] >= ts[:-1]))
     for fold in time_folds(train, val, folds):
@@ -120,10 +121,11 @@ def out_of_fold(
             else:
                 block = train.loc[(ts >= fold.start_ms) & (ts < fold.end_ms)]
             scores = fit_fold(fold, block)
-        out.append(_scored_fold(fold, block, scores, cadence_ms, clear_ms))
+        scored = _scored_fold(fold, block, scores, cadence_ms, clear_ms)
         del block, scores
         release_freed_memory()
-    return out
+        yield scored
+        del scored  # the caller has what it keeps of it
 
 
 def _scored_fold(

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import tempfile
 import time
 import uuid
@@ -754,11 +755,16 @@ def fit(
                           logistic=logistic.probability(judged_by.pop("log_odds")))
         return val_scores
 
-    scored = out_of_fold(train, val, score_val, fit_fold, cadence_ms=data.cadence_ms, clear_ms=clear_ms,
-                         folds=folds)
-    del train, rows, val_rows  # the folds hold what the thresholds read
-    periods.clear()
-    release_freed_memory()
+    with tempfile.TemporaryDirectory(prefix="foreshock-folds-") as folder:
+        waiting = []  # each scored fold waits on disk while the next fold model is fitted
+        for scored_fold in out_of_fold(train, val, score_val, fit_fold, cadence_ms=data.cadence_ms,
+                                       clear_ms=clear_ms, folds=folds):
+            waiting.append(_to_disk(scored_fold, Path(folder) / f"fold-{scored_fold.fold.index}.pkl"))
+            del scored_fold
+        del train, rows, val_rows  # the folds hold what the thresholds read
+        periods.clear()
+        release_freed_memory()
+        scored = [_from_disk(path) for path in waiting]
     selection = choose_thresholds(scored, budget_per_1000_node_days, budget_confidence)
     thresholds = {p: c.threshold for p, c in selection.items()}
     baselines = {
@@ -1085,12 +1091,24 @@ def _on_disk(parts: dict[str, pd.DataFrame], names: tuple[str, ...]) -> Iterator
     """Hold ``parts``' ``names`` in a temporary folder while the block runs, then put them back:
     the test rows, a fifth of a fleet's month, wait on disk while the models are fitted."""
     with tempfile.TemporaryDirectory(prefix="foreshock-parts-") as folder:
-        for name in names:
-            parts.pop(name).to_pickle(Path(folder) / f"{name}.pkl")
+        waiting = {name: _to_disk(parts.pop(name), Path(folder) / f"{name}.pkl") for name in names}
         release_freed_memory()
         yield
-        for name in names:
-            parts[name] = pd.read_pickle(Path(folder) / f"{name}.pkl")
+        for name, path in waiting.items():
+            parts[name] = _from_disk(path)
+
+
+def _to_disk(obj: Any, path: Path) -> Path:
+    """Pickle ``obj`` to ``path`` (a temporary file this process reads back) and return the path."""
+    with path.open("wb") as file:
+        pickle.dump(obj, file, protocol=pickle.HIGHEST_PROTOCOL)
+    return path
+
+
+def _from_disk(path: Path) -> Any:
+    """What :func:`_to_disk` put at ``path``."""
+    with path.open("rb") as file:
+        return pickle.load(file)
 
 
 def train_from_dataset(

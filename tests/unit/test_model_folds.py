@@ -61,7 +61,8 @@ def test_out_of_fold_scores_each_block_once_with_its_own_model_and_keeps_blocks_
         return {"model": ts, "rules": -ts}  # a score that names its row
 
     val_scores = {"model": VAL["ts"].to_numpy(dtype=float), "rules": -VAL["ts"].to_numpy(dtype=float)}
-    scored = out_of_fold(TRAIN, VAL, lambda: val_scores, fit_fold, cadence_ms=MIN, clear_ms=30 * MIN, folds=4)
+    scored = list(out_of_fold(TRAIN, VAL, lambda: val_scores, fit_fold, cadence_ms=MIN, clear_ms=30 * MIN,
+                              folds=4))
     assert len(seen) == 3 and [s.fold.scored_by for s in scored][-1] == "model"
     for (fold, block), s in zip(seen, scored, strict=False):
         assert fold == s.fold
@@ -82,8 +83,8 @@ def test_a_training_period_in_time_order_gives_each_fold_the_same_rows_sliced():
             seen.append(block)
             return {"model": np.zeros(len(block))}
 
-        out_of_fold(train, VAL, lambda: {"model": np.zeros(len(VAL))}, fit_fold, cadence_ms=MIN,
-                    clear_ms=30 * MIN, folds=4)
+        list(out_of_fold(train, VAL, lambda: {"model": np.zeros(len(VAL))}, fit_fold, cadence_ms=MIN,
+                         clear_ms=30 * MIN, folds=4))
     for by_node, by_time in zip(blocks["node order"], blocks["time order"], strict=True):
         pd.testing.assert_frame_equal(by_time.sort_index(), by_node.sort_index())
 
@@ -94,8 +95,8 @@ def test_pooled_folds_keep_an_episode_from_spanning_two_blocks():
     def fit_fold(fold, block):
         return {"model": np.ones(len(block))}  # every row of every fold alerts
 
-    scored = out_of_fold(TRAIN, VAL, lambda: {"model": np.ones(len(VAL))}, fit_fold, cadence_ms=MIN,
-                         clear_ms=30 * MIN, folds=4)
+    scored = list(out_of_fold(TRAIN, VAL, lambda: {"model": np.ones(len(VAL))}, fit_fold, cadence_ms=MIN,
+                              clear_ms=30 * MIN, folds=4))
     choice = choose_thresholds(scored, budget_per_1000_node_days=1e6, confidence=0.9)["model"]
     assert choice.false_alarms == 4 * 3  # one episode per node and fold
     assert choice.node_days == pytest.approx((len(TRAIN) + len(VAL)) / 1440)

@@ -94,6 +94,30 @@ def test_the_same_data_and_seed_train_the_same_metrics_json(synthetic_cluster, t
     assert trees(tmp_path) == trees(out)
 
 
+def test_a_fold_model_is_fitted_while_the_folds_scored_before_it_wait_on_disk(
+    synthetic_cluster, tmp_path, monkeypatch
+):
+    """On a fleet's month the blocks scored so far are gigabytes beside the training rows the next
+    fold model reads: none of them is in memory while it is fitted."""
+    import gc
+
+    from foreshock.models.folds import ScoredFold
+
+    held: list[int] = []
+    fold_scores = foreshock.models.train.fold_scores
+
+    def counting(*args, **kwargs):
+        gc.collect()
+        held.append(sum(isinstance(o, ScoredFold) for o in gc.get_objects()))
+        return fold_scores(*args, **kwargs)
+
+    monkeypatch.setattr(foreshock.models.train, "fold_scores", counting)
+    train_from_dataset(
+        synthetic_cluster.data_dir, tmp_path, features=synthetic_cluster.features, register=False
+    )
+    assert held == [0, 0, 0]
+
+
 def test_leaf_rows_grow_with_the_training_rows(synthetic_cluster, tmp_path, monkeypatch):
     """Leaves never hold fewer than the floor, and past about five million rows they hold a share
     of them: rows a minute apart are not independent evidence. Training applies the rule and
