@@ -34,7 +34,7 @@ from foreshock.features.table import release_freed_memory
 from foreshock.models.alerting import EVAL_COLUMNS, BudgetChoice, EvalRows, budget_threshold
 from foreshock.models.frame import compact_rows, concat_compact
 
-__all__ = ["FOLDS", "Fold", "ScoredFold", "time_folds", "fold_outside", "out_of_fold",
+__all__ = ["FOLDS", "Fold", "ScoredFold", "time_folds", "training_blocks", "fold_outside", "out_of_fold",
            "choose_thresholds"]
 
 FOLDS = 4  # the validation period and three blocks of the training period
@@ -90,36 +90,47 @@ def fold_outside(rows: pd.DataFrame, fold: Fold, horizon_ms: int) -> np.ndarray:
     return (ts < fold.start_ms - horizon_ms) | (ts >= fold.end_ms + horizon_ms)
 
 
+def training_blocks(train: pd.DataFrame, folds: list[Fold]) -> Iterator[tuple[Fold, pd.DataFrame]]:
+    """Each fold model's block of ``train`` (every fold of :func:`time_folds` but the validation
+    one), in ``train``'s row order: a slice of it when ``train`` is in time order (as a feature
+    table's rows are), not a copy."""
+    ts = train["ts"].to_numpy(dtype=np.int64)
+    in_time_order = bool(np.all(ts[1:] >= ts[:-1]))
+    for fold in folds:
+        if fold.scored_by == "model":
+            continue
+        if in_time_order:
+            lo, hi = np.searchsorted(ts, [fold.start_ms, fold.end_ms])
+            yield fold, train.iloc[lo:hi]
+        else:
+            yield fold, train.loc[(ts >= fold.start_ms) & (ts < fold.end_ms)]
+
+
 def out_of_fold(
-    train: pd.DataFrame,
+    folds: list[Fold],
+    block_of: Callable[[Fold], pd.DataFrame],
     val: pd.DataFrame,
     score_val: Callable[[], Scores],
     fit_fold: Callable[[Fold, pd.DataFrame], Scores],
     *,
     cadence_ms: int,
     clear_ms: int,
-    folds: int = FOLDS,
 ) -> Iterator[ScoredFold]:
     """Every fold's rows with every predictor's out-of-fold scores, a fold at a time, as each is
     scored: a caller can put each away before the next fold model is fitted (on a fleet's month,
     the blocks scored so far are gigabytes beside the training rows that model reads).
 
-    ``score_val()`` gives the model's and the baselines' scores on ``val`` (in its row order),
-    asked for when the validation fold comes, the last; ``fit_fold(fold, block_rows)`` fits the
-    fold models on the rows of ``train`` and ``val`` outside the fold (:func:`fold_outside`) and
-    returns their scores on ``block_rows`` (in its row order). A block of ``train`` in time order
-    (as a feature table's rows are) is a slice of it, not a copy."""
-    ts = train["ts"].to_numpy(dtype=np.int64)
-    in_time_order = bool(np.all(ts[1:] >= ts[:-1]))
-    for fold in time_folds(train, val, folds):
+    ``folds`` come from :func:`time_folds`; ``block_of(fold)`` gives a fold model's block of the
+    training rows (:func:`training_blocks`), asked for when its fold comes. ``score_val()`` gives
+    the model's and the baselines' scores on ``val`` (in its row order), asked for when the
+    validation fold comes, the last; ``fit_fold(fold, block_rows)`` fits the fold models on the
+    training and validation rows outside the fold (:func:`fold_outside`) and returns their scores
+    on ``block_rows`` (in its row order)."""
+    for fold in folds:
         if fold.scored_by == "model":
             block, scores = val, score_val()
         else:
-            if in_time_order:
-                lo, hi = np.searchsorted(ts, [fold.start_ms, fold.end_ms])
-                block = train.iloc[lo:hi]
-            else:
-                block = train.loc[(ts >= fold.start_ms) & (ts < fold.end_ms)]
+            block = block_of(fold)
             scores = fit_fold(fold, block)
         scored = _scored_fold(fold, block, scores, cadence_ms, clear_ms)
         del block, scores

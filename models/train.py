@@ -81,7 +81,15 @@ from foreshock.models.evaluate import (
     scorers_of,
     write_outputs,
 )
-from foreshock.models.folds import FOLDS, Fold, choose_thresholds, fold_outside, out_of_fold
+from foreshock.models.folds import (
+    FOLDS,
+    Fold,
+    choose_thresholds,
+    fold_outside,
+    out_of_fold,
+    time_folds,
+    training_blocks,
+)
 from foreshock.models.frame import (
     FeatureBlock,
     FeatureRows,
@@ -703,9 +711,11 @@ def fit(
     every predictor's threshold on the training and validation rows (recipe steps 1-4); the
     thresholds on ``folds`` time blocks scored out of fold (:mod:`foreshock.models.folds`).
     The trees see a ``negative_rate`` share of the negatives far from any failure, weighted
-    (:func:`thin_far_negatives`). Once the folds are scored, ``fit`` lets go of ``train``: a
-    caller that hands it over (``parts.pop("train")``) frees the training rows, most rows of a
-    fleet's month, before the thresholds are chosen."""
+    (:func:`thin_far_negatives`). Once the logistic baseline is fitted, ``fit`` keeps of
+    ``train`` only what the fold models draw their rows by (:func:`_drawn_by`), each fold model's
+    block of it waiting on disk until its fold is scored, and once the folds are scored it lets go
+    of that too: a caller that hands ``train`` over (``parts.pop("train")``) frees the training
+    rows, most rows of a fleet's month, while the trees are fitted."""
     names = data.feature_names
     for name, part in (("train", train), ("val", val)):
         if part["label"].sum() == 0:
@@ -713,52 +723,59 @@ def fit(
     rows = booster_rows(train, censor_ms=censor_ms, negative_rate=negative_rate, seed=seed)
     used, represented = len(rows), _represented(rows)
     logistic = _fit_logistic(data, _logistic_rows([(train, None)], seed), seed)
-    params = {
-        **DEFAULT_PARAMS,
-        "min_child_samples": min_leaf_rows(represented),
-        "monotone_constraints": monotone_directions(names),
-        "random_state": seed,
-        **(params or {}),
-    }
-    choice = fit_with_prior(
-        rows, val, names, params, logistic, prior_weight, dask_address, data=data,
-        stop=thin_far_negatives(val, negative_rate, seed),
-    )
-    booster, weight, candidates, bins = choice.booster, choice.weight, choice.judged, choice.bins
-    judged_by = {"margin": choice.val_margin, "log_odds": choice.val_log_odds}  # score_val takes them
-    del choice
-    kept = candidates[weight]
-    unthresholded = RiskModel(
-        booster,
-        feature_names=names,
-        feature_set_hash=data.feature_set_hash,
-        threshold=1.0,
-        horizon_minutes=data.horizon_ms // 60_000,
-        calibration=(kept["platt_slope"], kept["platt_intercept"]),
-        prior=logistic,
-        prior_weight=weight,
-    )
-    val_rows = booster_rows(val, censor_ms=censor_ms, negative_rate=negative_rate, seed=seed)
-    periods = [(train, rows), (val, val_rows)]
-
-    def fit_fold(fold: Fold, block: pd.DataFrame) -> dict[str, np.ndarray]:
-        return fold_scores(
-            data, periods, fold, block, params,
-            rounds=booster.current_iteration(), prior_weight=weight, seed=seed, dask_address=dask_address,
-            bins=bins,
-        )
-
-    val_scores: dict[str, np.ndarray] = {}
-
-    def score_val() -> dict[str, np.ndarray]:  # the scores the candidates were judged by
-        val_scores.update(model=unthresholded.calibrated(judged_by.pop("margin")), rules=rule_scores(val),
-                          logistic=logistic.probability(judged_by.pop("log_odds")))
-        return val_scores
-
+    fold_list = time_folds(train, val, folds)
     with tempfile.TemporaryDirectory(prefix="foreshock-folds-") as folder:
+        # the fold models' blocks of the training rows wait on disk, each read back when its fold
+        # is scored; until then the training rows are only what the fold models draw rows by
+        blocks = {fold: _to_disk(block, Path(folder) / f"block-{fold.index}.pkl")
+                  for fold, block in training_blocks(train, fold_list)}
+        train = _drawn_by(data, train)
+        release_freed_memory()
+        params = {
+            **DEFAULT_PARAMS,
+            "min_child_samples": min_leaf_rows(represented),
+            "monotone_constraints": monotone_directions(names),
+            "random_state": seed,
+            **(params or {}),
+        }
+        choice = fit_with_prior(
+            rows, val, names, params, logistic, prior_weight, dask_address, data=data,
+            stop=thin_far_negatives(val, negative_rate, seed),
+        )
+        booster, weight, candidates, bins = choice.booster, choice.weight, choice.judged, choice.bins
+        judged_by = {"margin": choice.val_margin, "log_odds": choice.val_log_odds}  # score_val takes them
+        del choice
+        kept = candidates[weight]
+        unthresholded = RiskModel(
+            booster,
+            feature_names=names,
+            feature_set_hash=data.feature_set_hash,
+            threshold=1.0,
+            horizon_minutes=data.horizon_ms // 60_000,
+            calibration=(kept["platt_slope"], kept["platt_intercept"]),
+            prior=logistic,
+            prior_weight=weight,
+        )
+        val_rows = booster_rows(val, censor_ms=censor_ms, negative_rate=negative_rate, seed=seed)
+        periods = [(train, rows), (val, val_rows)]
+
+        def fit_fold(fold: Fold, block: pd.DataFrame) -> dict[str, np.ndarray]:
+            return fold_scores(
+                data, periods, fold, block, params,
+                rounds=booster.current_iteration(), prior_weight=weight, seed=seed, dask_address=dask_address,
+                bins=bins,
+            )
+
+        val_scores: dict[str, np.ndarray] = {}
+
+        def score_val() -> dict[str, np.ndarray]:  # the scores the candidates were judged by
+            val_scores.update(model=unthresholded.calibrated(judged_by.pop("margin")), rules=rule_scores(val),
+                              logistic=logistic.probability(judged_by.pop("log_odds")))
+            return val_scores
+
         waiting = []  # each scored fold waits on disk while the next fold model is fitted
-        for scored_fold in out_of_fold(train, val, score_val, fit_fold, cadence_ms=data.cadence_ms,
-                                       clear_ms=clear_ms, folds=folds):
+        for scored_fold in out_of_fold(fold_list, lambda fold: _from_disk(blocks[fold]), val, score_val,
+                                       fit_fold, cadence_ms=data.cadence_ms, clear_ms=clear_ms):
             waiting.append(_to_disk(scored_fold, Path(folder) / f"fold-{scored_fold.fold.index}.pkl"))
             del scored_fold
         del train, rows, val_rows  # the folds hold what the thresholds read
@@ -817,6 +834,17 @@ def fold_training_rows(
     trees = pd.concat([r.loc[fold_outside(r, fold, horizon_ms)] for _, r in periods])
     outside = [(rows, fold_outside(rows, fold, horizon_ms)) for rows, _ in periods]
     return trees.sort_index(kind="stable"), _logistic_rows(outside, seed)
+
+
+def _drawn_by(data: LabelledData, train: pd.DataFrame) -> pd.DataFrame:
+    """The columns of the training rows a fold model draws its logistic baseline's rows by
+    (:func:`fold_training_rows`): node, time and label, and the features when they are the
+    frame's own rather than a table's. A third of a row's bytes: the rest of every training row
+    waits on disk in the folds' blocks."""
+    columns = ["node", "ts", "label"]
+    if data.table is None:
+        columns += data.feature_names
+    return train[columns]
 
 
 def _logistic_rows(periods: list[tuple[pd.DataFrame, np.ndarray | None]], seed: int) -> pd.DataFrame:

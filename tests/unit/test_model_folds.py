@@ -8,7 +8,14 @@ import pandas as pd
 import pytest
 
 from foreshock.models.alerting import EvalRows
-from foreshock.models.folds import Fold, choose_thresholds, fold_outside, out_of_fold, time_folds
+from foreshock.models.folds import (
+    Fold,
+    choose_thresholds,
+    fold_outside,
+    out_of_fold,
+    time_folds,
+    training_blocks,
+)
 
 MIN = 60_000
 H = 60 * MIN
@@ -61,8 +68,8 @@ def test_out_of_fold_scores_each_block_once_with_its_own_model_and_keeps_blocks_
         return {"model": ts, "rules": -ts}  # a score that names its row
 
     val_scores = {"model": VAL["ts"].to_numpy(dtype=float), "rules": -VAL["ts"].to_numpy(dtype=float)}
-    scored = list(out_of_fold(TRAIN, VAL, lambda: val_scores, fit_fold, cadence_ms=MIN, clear_ms=30 * MIN,
-                              folds=4))
+    scored = list(out_of_fold(*_blocks(TRAIN, VAL, 4), VAL, lambda: val_scores, fit_fold, cadence_ms=MIN,
+                              clear_ms=30 * MIN))
     assert len(seen) == 3 and [s.fold.scored_by for s in scored][-1] == "model"
     for (fold, block), s in zip(seen, scored, strict=False):
         assert fold == s.fold
@@ -76,17 +83,19 @@ def test_out_of_fold_scores_each_block_once_with_its_own_model_and_keeps_blocks_
 
 
 def test_a_training_period_in_time_order_gives_each_fold_the_same_rows_sliced():
+    folds = time_folds(TRAIN, VAL, 4)
     in_time = TRAIN.sort_values("ts", kind="stable")
-    blocks: dict[str, list[pd.DataFrame]] = {"node order": [], "time order": []}
-    for name, train in (("node order", TRAIN), ("time order", in_time)):
-        def fit_fold(fold, block, seen=blocks[name]):
-            seen.append(block)
-            return {"model": np.zeros(len(block))}
+    by_node, by_time = list(training_blocks(TRAIN, folds)), list(training_blocks(in_time, folds))
+    assert [f for f, _ in by_node] == [f for f, _ in by_time] == folds[:3]  # the fold models' blocks
+    for (_, node_order), (_, time_order) in zip(by_node, by_time, strict=True):
+        assert np.shares_memory(time_order["ts"].to_numpy(), in_time["ts"].to_numpy())  # a slice
+        pd.testing.assert_frame_equal(time_order.sort_index(), node_order.sort_index())
 
-        list(out_of_fold(train, VAL, lambda: {"model": np.zeros(len(VAL))}, fit_fold, cadence_ms=MIN,
-                         clear_ms=30 * MIN, folds=4))
-    for by_node, by_time in zip(blocks["node order"], blocks["time order"], strict=True):
-        pd.testing.assert_frame_equal(by_time.sort_index(), by_node.sort_index())
+
+def _blocks(train: pd.DataFrame, val: pd.DataFrame, n: int):
+    """out_of_fold's folds and block_of for ``train``'s blocks held in memory."""
+    folds = time_folds(train, val, n)
+    return folds, dict(training_blocks(train, folds)).__getitem__
 
 
 def test_pooled_folds_keep_an_episode_from_spanning_two_blocks():
@@ -95,8 +104,8 @@ def test_pooled_folds_keep_an_episode_from_spanning_two_blocks():
     def fit_fold(fold, block):
         return {"model": np.ones(len(block))}  # every row of every fold alerts
 
-    scored = list(out_of_fold(TRAIN, VAL, lambda: {"model": np.ones(len(VAL))}, fit_fold, cadence_ms=MIN,
-                              clear_ms=30 * MIN, folds=4))
+    scored = list(out_of_fold(*_blocks(TRAIN, VAL, 4), VAL, lambda: {"model": np.ones(len(VAL))}, fit_fold,
+                              cadence_ms=MIN, clear_ms=30 * MIN))
     choice = choose_thresholds(scored, budget_per_1000_node_days=1e6, confidence=0.9)["model"]
     assert choice.false_alarms == 4 * 3  # one episode per node and fold
     assert choice.node_days == pytest.approx((len(TRAIN) + len(VAL)) / 1440)

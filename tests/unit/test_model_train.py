@@ -94,28 +94,32 @@ def test_the_same_data_and_seed_train_the_same_metrics_json(synthetic_cluster, t
     assert trees(tmp_path) == trees(out)
 
 
-def test_a_fold_model_is_fitted_while_the_folds_scored_before_it_wait_on_disk(
+def test_a_fold_model_is_fitted_while_the_training_rows_and_the_scored_folds_wait_on_disk(
     synthetic_cluster, tmp_path, monkeypatch
 ):
-    """On a fleet's month the blocks scored so far are gigabytes beside the training rows the next
-    fold model reads: none of them is in memory while it is fitted."""
+    """On a fleet's month the training rows and the blocks scored so far are gigabytes: while a
+    fold model is fitted, no scored fold is in memory, and of the training rows only what the fold
+    models draw their rows by (features included when they are the frame's own columns)."""
     import gc
 
     from foreshock.models.folds import ScoredFold
 
     held: list[int] = []
+    training_columns: list[list[str]] = []
     fold_scores = foreshock.models.train.fold_scores
 
-    def counting(*args, **kwargs):
+    def counting(data, periods, *args, **kwargs):
         gc.collect()
         held.append(sum(isinstance(o, ScoredFold) for o in gc.get_objects()))
-        return fold_scores(*args, **kwargs)
+        training_columns.append(list(periods[0][0].columns))
+        return fold_scores(data, periods, *args, **kwargs)
 
     monkeypatch.setattr(foreshock.models.train, "fold_scores", counting)
-    train_from_dataset(
+    model = train_from_dataset(
         synthetic_cluster.data_dir, tmp_path, features=synthetic_cluster.features, register=False
     )
     assert held == [0, 0, 0]
+    assert training_columns == [["node", "ts", "label", *model.feature_names]] * 3
 
 
 def test_leaf_rows_grow_with_the_training_rows(synthetic_cluster, tmp_path, monkeypatch):
