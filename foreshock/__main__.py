@@ -1,4 +1,4 @@
-from foreshock.cli import app
+from foreshock.cli import main
 
 if __name__ == "__main__":  # the API process (spawned) imports this module again
-    app()
+    main()

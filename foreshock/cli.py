@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import signal
+from types import FrameType
 
 import typer
 
@@ -21,5 +23,19 @@ for _name in COMMAND_MODULES:
     importlib.import_module(f"foreshock.commands.{_name}").register(app)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """The ``foreshock`` executable. SIGTERM (a scheduler's time limit, ``kill``) ends a command
+    as SIGINT does, through every ``finally``: a batch command stopped mid-way removes its
+    temporary folders, which hold a fleet's month of training rows and scored folds (gigabytes).
+    The commands that run until stopped (``serve``, ``collect``, ``mitigate``) set handlers of
+    their own."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     app()
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+if __name__ == "__main__":
+    main()

@@ -6,6 +6,11 @@ else is refused. Thinning the far negatives keeps every row that matters and wei
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -82,6 +87,31 @@ def trained_in_memory(cluster, tmp_path_factory):
     train_from_dataset(cluster.data_dir, out, features=compute_features(cluster.data_dir), feature_set=FS,
                        register=False)
     return out
+
+
+def test_train_stopped_by_sigterm_exits_143_and_takes_its_temporary_folders_with_it(
+    cluster, tables, tmp_path
+):
+    """A scheduler's time limit sends SIGTERM: the training rows and scored folds waiting on disk
+    (gigabytes on a fleet's month) go with the process instead of filling TMPDIR."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    argv = ["train", "--data", str(cluster.data_dir), "--out", str(tmp_path / "out"),
+            "--features", str(tables["cluster"]), "--no-register"]
+    with (tmp_path / "stderr").open("w") as err:
+        env = {**os.environ, "TMPDIR": str(tmp)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "foreshock", *argv], env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
+        deadline = time.monotonic() + 120
+        while not list(tmp.glob("foreshock-folds-*")):  # fitting: the fold blocks are on disk
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()
+            assert time.monotonic() < deadline, "no fold folder within 120 s"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM, (tmp_path / "stderr").read_text()
+    assert not list(tmp.glob("foreshock-*"))
+    assert not (tmp_path / "out" / "metrics.json").exists()
 
 
 def test_train_and_evaluate_on_the_table_give_the_in_memory_metrics(
