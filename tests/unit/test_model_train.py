@@ -568,3 +568,19 @@ def test_validation_scores_fit_kept_are_placed_with_their_rows_not_scored_again(
     test_rows, test_scores = evaluated["test"]
     np.testing.assert_array_equal(test_scores["model"], test_rows.frame["a"].to_numpy())
     np.testing.assert_array_equal(test_scores["logistic"], 1 - test_rows.frame["a"].to_numpy())
+
+
+def test_shap_rows_are_the_rows_drawn_from_the_indexed_test_rows(monkeypatch):
+    """``_shap_rows`` draws before it indexes the rows by their place (a gigabyte copied otherwise
+    on a fleet's month): the same rows, in the same order, as indexing first."""
+    from types import SimpleNamespace
+
+    import foreshock.models.plots
+    from foreshock.models.train import ROW, _shap_rows
+
+    monkeypatch.setattr(foreshock.models.plots, "SHAP_ROWS", 10)
+    frame = pd.DataFrame({ROW: np.arange(100, 130), "score": np.linspace(0, 1, 30)})
+    data = SimpleNamespace(with_features=lambda rows: rows.assign(feature=rows["score"] * 2))
+    got = _shap_rows(data, SimpleNamespace(frame=frame))
+    want = frame.set_index(ROW).sample(10, random_state=0)
+    pd.testing.assert_frame_equal(got, want.assign(feature=want["score"] * 2))
