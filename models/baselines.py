@@ -15,6 +15,7 @@ balanced class weights), stored as plain numbers so it travels in JSON beside th
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,7 @@ class LogisticBaseline:
     def fit(self, frame: pd.DataFrame, y: np.ndarray) -> LogisticBaseline:
         """Fit on (a seeded subsample of at most ``max_rows`` of) the training rows
         (:meth:`rows_fitted`)."""
+        from sklearn.exceptions import ConvergenceWarning
         from sklearn.linear_model import LogisticRegression
 
         if len(frame) > self.max_rows:  # rows first: the float64 matrix of every row would be gigabytes
@@ -270,7 +272,11 @@ class LogisticBaseline:
         mean, scale = x.mean(axis=0), x.std(axis=0)
         scale[scale == 0] = 1.0
         clf = LogisticRegression(class_weight="balanced", max_iter=200, C=1.0)
-        clf.fit((x - mean) / scale, y)
+        with warnings.catch_warnings():
+            # the fixed iteration budget is the recipe (see :meth:`matrix`): where lbfgs reaches
+            # it unconverged (it does on a fleet's month) the fit is the one intended, not a fault
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            clf.fit((x - mean) / scale, y)
         self.median_, self.mean_, self.scale_ = median, mean, scale
         self.coef_, self.intercept_ = clf.coef_[0], float(clf.intercept_[0])
         return self

@@ -99,3 +99,29 @@ def test_logistic_fits_the_rows_it_names_so_a_caller_reads_only_their_features()
     named = LogisticBaseline(["a", "b"], max_rows=500, seed=3).fit(x.iloc[rows], y[rows])
     np.testing.assert_array_equal(named.coef_, whole.coef_)
     assert not np.array_equal(LogisticBaseline(["a", "b"], max_rows=500, seed=4).fit(x, y).coef_, whole.coef_)
+
+
+def test_logistic_fit_to_its_iteration_budget_warns_no_one(monkeypatch):
+    """lbfgs reaching ``max_iter`` unconverged is the recipe, not a fault: on a fleet's month it
+    does, and scikit-learn's warning would be printed on every ``train``. Other warnings pass."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    fit = LogisticRegression.fit
+
+    def unconverged(self, *args, **kwargs):
+        fitted = fit(self, *args, **kwargs)
+        warnings.warn("lbfgs failed to converge after 200 iteration(s)", ConvergenceWarning, stacklevel=2)
+        warnings.warn("something else", RuntimeWarning, stacklevel=2)
+        return fitted
+
+    monkeypatch.setattr(LogisticRegression, "fit", unconverged)
+    rng = np.random.default_rng(3)
+    x = pd.DataFrame({"a": rng.normal(size=500), "b": rng.normal(size=500)})
+    y = (x["a"] > 1.0).astype(int).to_numpy()
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        LogisticBaseline(["a", "b"]).fit(x, y)
+    assert [w.category for w in heard] == [RuntimeWarning]
