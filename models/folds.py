@@ -111,7 +111,7 @@ def out_of_fold(
     block_of: Callable[[Fold], pd.DataFrame],
     val: pd.DataFrame,
     score_val: Callable[[], Scores],
-    fit_fold: Callable[[Fold, pd.DataFrame], Scores],
+    fit_fold: Callable[[Fold], Callable[[pd.DataFrame], Scores]],
     *,
     cadence_ms: int,
     clear_ms: int,
@@ -121,17 +121,19 @@ def out_of_fold(
     the blocks scored so far are gigabytes beside the training rows that model reads).
 
     ``folds`` come from :func:`time_folds`; ``block_of(fold)`` gives a fold model's block of the
-    training rows (:func:`training_blocks`), asked for when its fold comes. ``score_val()`` gives
-    the model's and the baselines' scores on ``val`` (in its row order), asked for when the
-    validation fold comes, the last; ``fit_fold(fold, block_rows)`` fits the fold models on the
-    training and validation rows outside the fold (:func:`fold_outside`) and returns their scores
-    on ``block_rows`` (in its row order)."""
+    training rows (:func:`training_blocks`). ``score_val()`` gives the model's and the baselines'
+    scores on ``val`` (in its row order), asked for when the validation fold comes, the last;
+    ``fit_fold(fold)`` fits the fold models on the training and validation rows outside the fold
+    (:func:`fold_outside`) and returns how they score a block (in its row order). A block is asked
+    for once its fold models are fitted: the fit and the block are never in memory together."""
     for fold in folds:
         if fold.scored_by == "model":
             block, scores = val, score_val()
         else:
+            score = fit_fold(fold)
             block = block_of(fold)
-            scores = fit_fold(fold, block)
+            scores = score(block)
+            del score
         scored = _scored_fold(fold, block, scores, cadence_ms, clear_ms)
         del block, scores
         release_freed_memory()

@@ -123,7 +123,7 @@ __all__ = [
     "fit_with_prior",
     "PriorChoice",
     "log_odds",
-    "fold_scores",
+    "fold_models",
     "fold_training_rows",
     "choose_prior_weight",
     "platt_calibration",
@@ -759,9 +759,9 @@ def fit(
         val_rows = booster_rows(val, censor_ms=censor_ms, negative_rate=negative_rate, seed=seed)
         periods = [(train, rows), (val, val_rows)]
 
-        def fit_fold(fold: Fold, block: pd.DataFrame) -> dict[str, np.ndarray]:
-            return fold_scores(
-                data, periods, fold, block, params,
+        def fit_fold(fold: Fold) -> Callable[[pd.DataFrame], dict[str, np.ndarray]]:
+            return fold_models(
+                data, periods, fold, params,
                 rounds=booster.current_iteration(), prior_weight=weight, seed=seed, dask_address=dask_address,
                 bins=bins,
             )
@@ -904,11 +904,10 @@ def _fit_logistic(data: LabelledData, rows: pd.DataFrame, seed: int) -> Logistic
     return baseline.fit(rows, rows["label"].to_numpy())
 
 
-def fold_scores(
+def fold_models(
     data: LabelledData,
     periods: list[tuple[pd.DataFrame, pd.DataFrame]],
     fold: Fold,
-    block: pd.DataFrame,
     params: dict[str, Any],
     *,
     rounds: int,
@@ -916,13 +915,13 @@ def fold_scores(
     seed: int,
     dask_address: str | None = None,
     bins: list[dict[str, Any]] | None = None,
-) -> dict[str, np.ndarray]:
+) -> Callable[[pd.DataFrame], dict[str, np.ndarray]]:
     """A fold's models (:mod:`foreshock.models.folds`): the recipe's trees and its logistic
     baseline on the ``periods``' rows outside ``fold`` (:func:`fold_training_rows`), with the
     model's own choices (``rounds`` trees, ``prior_weight``, and the forced ``bins`` it was
-    binned with: the training rows' tails, which spares a pass over each fold's rows), its margin
-    Platt-calibrated on ``block``; every predictor's scores on ``block``, in its row order. The
-    training rows are let go before ``block`` is scored."""
+    binned with: the training rows' tails, which spares a pass over each fold's rows). Returns
+    how they score a block: every predictor's scores on it, in its row order, the trees' margin
+    Platt-calibrated on the block itself. The training rows are let go before it returns."""
     names = data.feature_names
     rows, logistic_rows = fold_training_rows(periods, fold, data.horizon_ms, seed)
     logistic = _fit_logistic(data, logistic_rows, seed)
@@ -936,12 +935,15 @@ def fold_scores(
         return RiskModel(booster, feature_names=names, feature_set_hash="fold", threshold=1.0,
                          calibration=calibration, prior=logistic, prior_weight=prior_weight)
 
-    shared = SharedLogOdds(as_model((1.0, 0.0)), logistic)
-    scorers = {"model": shared.margin, "rules": rule_block_scores, "logistic": shared.score}
-    scores = data.scores(block, scorers)
-    margin = scores["model"]
-    calibrated = as_model(platt_calibration(margin, block["label"].to_numpy())).calibrated(margin)
-    return {**scores, "model": calibrated}
+    def score(block: pd.DataFrame) -> dict[str, np.ndarray]:
+        shared = SharedLogOdds(as_model((1.0, 0.0)), logistic)
+        scorers = {"model": shared.margin, "rules": rule_block_scores, "logistic": shared.score}
+        scores = data.scores(block, scorers)
+        margin = scores["model"]
+        calibrated = as_model(platt_calibration(margin, block["label"].to_numpy())).calibrated(margin)
+        return {**scores, "model": calibrated}
+
+    return score
 
 
 def score_parts(

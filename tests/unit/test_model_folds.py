@@ -61,16 +61,29 @@ def test_a_fold_model_never_trains_on_its_block_or_the_horizon_either_side():
 
 def test_out_of_fold_scores_each_block_once_with_its_own_model_and_keeps_blocks_apart():
     seen: list[tuple[Fold, pd.DataFrame]] = []
+    happened: list[tuple[str, int]] = []
+    folds, block_of = _blocks(TRAIN, VAL, 4)
 
-    def fit_fold(fold: Fold, block: pd.DataFrame) -> dict[str, np.ndarray]:
-        seen.append((fold, block))
-        ts = block["ts"].to_numpy(dtype=float)
-        return {"model": ts, "rules": -ts}  # a score that names its row
+    def fit_fold(fold: Fold):
+        happened.append(("fitted", fold.index))
+
+        def score(block: pd.DataFrame) -> dict[str, np.ndarray]:
+            seen.append((fold, block))
+            ts = block["ts"].to_numpy(dtype=float)
+            return {"model": ts, "rules": -ts}  # a score that names its row
+
+        return score
+
+    def read_block(fold: Fold) -> pd.DataFrame:
+        happened.append(("read", fold.index))
+        return block_of(fold)
 
     val_scores = {"model": VAL["ts"].to_numpy(dtype=float), "rules": -VAL["ts"].to_numpy(dtype=float)}
-    scored = list(out_of_fold(*_blocks(TRAIN, VAL, 4), VAL, lambda: val_scores, fit_fold, cadence_ms=MIN,
+    scored = list(out_of_fold(folds, read_block, VAL, lambda: val_scores, fit_fold, cadence_ms=MIN,
                               clear_ms=30 * MIN))
     assert len(seen) == 3 and [s.fold.scored_by for s in scored][-1] == "model"
+    # each block is read only once its fold models are fitted: the two never share memory
+    assert happened == [(step, f.index) for f in folds[:3] for step in ("fitted", "read")]
     for (fold, block), s in zip(seen, scored, strict=False):
         assert fold == s.fold
         assert block["ts"].between(fold.start_ms, fold.end_ms - 1).all()  # the block is the fold's rows
@@ -101,8 +114,8 @@ def _blocks(train: pd.DataFrame, val: pd.DataFrame, n: int):
 def test_pooled_folds_keep_an_episode_from_spanning_two_blocks():
     """A node alerting on both sides of a block boundary raises two false alarms: the blocks are
     scored by different models, and the pool never joins their rows."""
-    def fit_fold(fold, block):
-        return {"model": np.ones(len(block))}  # every row of every fold alerts
+    def fit_fold(fold):
+        return lambda block: {"model": np.ones(len(block))}  # every row of every fold alerts
 
     scored = list(out_of_fold(*_blocks(TRAIN, VAL, 4), VAL, lambda: {"model": np.ones(len(VAL))}, fit_fold,
                               cadence_ms=MIN, clear_ms=30 * MIN))

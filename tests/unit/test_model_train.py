@@ -106,15 +106,15 @@ def test_a_fold_model_is_fitted_while_the_training_rows_and_the_scored_folds_wai
 
     held: list[int] = []
     training_columns: list[list[str]] = []
-    fold_scores = foreshock.models.train.fold_scores
+    fold_models = foreshock.models.train.fold_models
 
     def counting(data, periods, *args, **kwargs):
         gc.collect()
         held.append(sum(isinstance(o, ScoredFold) for o in gc.get_objects()))
         training_columns.append(list(periods[0][0].columns))
-        return fold_scores(data, periods, *args, **kwargs)
+        return fold_models(data, periods, *args, **kwargs)
 
-    monkeypatch.setattr(foreshock.models.train, "fold_scores", counting)
+    monkeypatch.setattr(foreshock.models.train, "fold_models", counting)
     model = train_from_dataset(
         synthetic_cluster.data_dir, tmp_path, features=synthetic_cluster.features, register=False
     )
