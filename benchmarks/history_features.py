@@ -43,9 +43,11 @@ def with_history() -> FeatureSet:
 
 
 def restrict(data: LabelledData, fs: FeatureSet) -> LabelledData:
-    """The labelled rows with ``fs``'s feature columns only, under ``fs``'s identity."""
-    drop = [n for n in data.feature_names if n not in set(fs.names)]
-    return dataclasses.replace(data, frame=data.frame.drop(columns=drop), feature_names=list(fs.names),
+    """The labelled rows with ``fs``'s feature columns only, held in the frame (read from the
+    feature cache ``data`` reads them from), under ``fs``'s identity."""
+    frame = data.with_features(data.frame)
+    drop = [n for n in (*data.feature_names, "_src") if n in frame.columns and n not in set(fs.names)]
+    return dataclasses.replace(data, frame=frame.drop(columns=drop), feature_names=list(fs.names),
                                feature_set_hash=fs.hash, table=None, days=[])
 
 
