@@ -713,9 +713,10 @@ def fit(
     The trees see a ``negative_rate`` share of the negatives far from any failure, weighted
     (:func:`thin_far_negatives`). Once the logistic baseline is fitted, ``fit`` keeps of
     ``train`` only what the fold models draw their rows by (:func:`_drawn_by`), each fold model's
-    block of it waiting on disk until its fold is scored, and once the folds are scored it lets go
-    of that too: a caller that hands ``train`` over (``parts.pop("train")``) frees the training
-    rows, most rows of a fleet's month, while the trees are fitted."""
+    block of it waiting on disk until its fold models are fitted, and once the last is fitted,
+    before validation's fold is built, it lets go of that too: a caller that hands ``train`` over
+    (``parts.pop("train")``) frees the training rows, most rows of a fleet's month, while the
+    trees are fitted."""
     names = data.feature_names
     for name, part in (("train", train), ("val", val)):
         if part["label"].sum() == 0:
@@ -758,6 +759,7 @@ def fit(
         )
         val_rows = booster_rows(val, censor_ms=censor_ms, negative_rate=negative_rate, seed=seed)
         periods = [(train, rows), (val, val_rows)]
+        del train, rows, val_rows  # periods holds them until the last fold model is fitted
 
         def fit_fold(fold: Fold) -> Callable[[pd.DataFrame], dict[str, np.ndarray]]:
             return fold_models(
@@ -769,6 +771,8 @@ def fit(
         val_scores: dict[str, np.ndarray] = {}
 
         def score_val() -> dict[str, np.ndarray]:  # the scores the candidates were judged by
+            periods.clear()  # asked for once every fold model is fitted: the training rows go first
+            release_freed_memory()
             val_scores.update(model=unthresholded.calibrated(judged_by.pop("margin")), rules=rule_scores(val),
                               logistic=logistic.probability(judged_by.pop("log_odds")))
             return val_scores
@@ -778,9 +782,6 @@ def fit(
                                        fit_fold, cadence_ms=data.cadence_ms, clear_ms=clear_ms):
             waiting.append(_to_disk(scored_fold, Path(folder) / f"fold-{scored_fold.fold.index}.pkl"))
             del scored_fold
-        del train, rows, val_rows  # the folds hold what the thresholds read
-        periods.clear()
-        release_freed_memory()
         scored = [_from_disk(path) for path in waiting]
     selection = choose_thresholds(scored, budget_per_1000_node_days, budget_confidence)
     thresholds = {p: c.threshold for p, c in selection.items()}

@@ -99,27 +99,41 @@ def test_a_fold_model_is_fitted_while_the_training_rows_and_the_scored_folds_wai
 ):
     """On a fleet's month the training rows and the blocks scored so far are gigabytes: while a
     fold model is fitted, no scored fold is in memory, and of the training rows only what the fold
-    models draw their rows by (features included when they are the frame's own columns)."""
+    models draw their rows by (features included when they are the frame's own columns); once the
+    last is fitted they are let go before validation's fold is built."""
     import gc
+    import weakref
 
+    import foreshock.models.folds as folds
     from foreshock.models.folds import ScoredFold
 
     held: list[int] = []
     training_columns: list[list[str]] = []
-    fold_models = foreshock.models.train.fold_models
+    training_rows: list[weakref.ref] = []
+    alive_at_val: list[bool] = []
+    fold_models, scored_fold = foreshock.models.train.fold_models, folds._scored_fold
 
     def counting(data, periods, *args, **kwargs):
         gc.collect()
         held.append(sum(isinstance(o, ScoredFold) for o in gc.get_objects()))
         training_columns.append(list(periods[0][0].columns))
+        training_rows.append(weakref.ref(periods[0][0]))
         return fold_models(data, periods, *args, **kwargs)
 
+    def building(fold, *args, **kwargs):
+        if fold.scored_by == "model":
+            gc.collect()
+            alive_at_val.append(training_rows[-1]() is not None)
+        return scored_fold(fold, *args, **kwargs)
+
     monkeypatch.setattr(foreshock.models.train, "fold_models", counting)
+    monkeypatch.setattr(folds, "_scored_fold", building)
     model = train_from_dataset(
         synthetic_cluster.data_dir, tmp_path, features=synthetic_cluster.features, register=False
     )
     assert held == [0, 0, 0]
     assert training_columns == [["node", "ts", "label", *model.feature_names]] * 3
+    assert alive_at_val == [False]
 
 
 def test_leaf_rows_grow_with_the_training_rows(synthetic_cluster, tmp_path, monkeypatch):
