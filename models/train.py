@@ -714,7 +714,7 @@ def fit(
     (:func:`thin_far_negatives`). Once the logistic baseline is fitted, ``fit`` keeps of
     ``train`` only what the fold models draw their rows by (:func:`_drawn_by`), each fold model's
     block of it waiting on disk until its fold models are fitted, and once the last is fitted,
-    before validation's fold is built, it lets go of that too: a caller that hands ``train`` over
+    before its block is read, it lets go of that too: a caller that hands ``train`` over
     (``parts.pop("train")``) frees the training rows, most rows of a fleet's month, while the
     trees are fitted."""
     names = data.feature_names
@@ -762,17 +762,19 @@ def fit(
         del train, rows, val_rows  # periods holds them until the last fold model is fitted
 
         def fit_fold(fold: Fold) -> Callable[[pd.DataFrame], dict[str, np.ndarray]]:
-            return fold_models(
+            score = fold_models(
                 data, periods, fold, params,
                 rounds=booster.current_iteration(), prior_weight=weight, seed=seed, dask_address=dask_address,
                 bins=bins,
             )
+            if fold == fold_list[-2]:  # the last fold model (validation, the last fold, is the model's)
+                periods.clear()  # the training rows go before its block is read
+                release_freed_memory()
+            return score
 
         val_scores: dict[str, np.ndarray] = {}
 
         def score_val() -> dict[str, np.ndarray]:  # the scores the candidates were judged by
-            periods.clear()  # asked for once every fold model is fitted: the training rows go first
-            release_freed_memory()
             val_scores.update(model=unthresholded.calibrated(judged_by.pop("margin")), rules=rule_scores(val),
                               logistic=logistic.probability(judged_by.pop("log_odds")))
             return val_scores

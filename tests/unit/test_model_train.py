@@ -100,7 +100,7 @@ def test_a_fold_model_is_fitted_while_the_training_rows_and_the_scored_folds_wai
     """On a fleet's month the training rows and the blocks scored so far are gigabytes: while a
     fold model is fitted, no scored fold is in memory, and of the training rows only what the fold
     models draw their rows by (features included when they are the frame's own columns); once the
-    last is fitted they are let go before validation's fold is built."""
+    last is fitted they are let go before its block is read and scored."""
     import gc
     import weakref
 
@@ -110,7 +110,7 @@ def test_a_fold_model_is_fitted_while_the_training_rows_and_the_scored_folds_wai
     held: list[int] = []
     training_columns: list[list[str]] = []
     training_rows: list[weakref.ref] = []
-    alive_at_val: list[bool] = []
+    alive_when_scored: list[bool] = []
     fold_models, scored_fold = foreshock.models.train.fold_models, folds._scored_fold
 
     def counting(data, periods, *args, **kwargs):
@@ -121,9 +121,8 @@ def test_a_fold_model_is_fitted_while_the_training_rows_and_the_scored_folds_wai
         return fold_models(data, periods, *args, **kwargs)
 
     def building(fold, *args, **kwargs):
-        if fold.scored_by == "model":
-            gc.collect()
-            alive_at_val.append(training_rows[-1]() is not None)
+        gc.collect()
+        alive_when_scored.append(training_rows[-1]() is not None)
         return scored_fold(fold, *args, **kwargs)
 
     monkeypatch.setattr(foreshock.models.train, "fold_models", counting)
@@ -133,7 +132,7 @@ def test_a_fold_model_is_fitted_while_the_training_rows_and_the_scored_folds_wai
     )
     assert held == [0, 0, 0]
     assert training_columns == [["node", "ts", "label", *model.feature_names]] * 3
-    assert alive_at_val == [False]
+    assert alive_when_scored == [True, True, False, False]  # the three fold models' blocks, validation
 
 
 def test_leaf_rows_grow_with_the_training_rows(synthetic_cluster, tmp_path, monkeypatch):
