@@ -43,7 +43,7 @@ Definitions (used for every predictor alike, so the numbers compare):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +51,7 @@ import pandas as pd
 
 __all__ = ["EvalRows", "EVAL_COLUMNS", "after_return", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES",
            "AFTER_RETURN_MS", "WARNING_MINUTES", "BUDGET_CONFIDENCE", "BudgetChoice", "budget_threshold",
+           "Parts", "ThresholdCounts", "candidates_of_sorted", "operating_point", "rates_caught", "sweep",
            "episode_starts", "median_interval", "most_within", "poisson_upper_bound", "sorted_by_node_ts"]
 
 DAY_MS = 86_400_000
@@ -268,21 +269,6 @@ class EvalRows:
         days = self.node_days
         return self.episodes(alert)[1] / days * 1000.0 if days else 0.0
 
-    def sweep(self, score: np.ndarray, max_rate: float) -> list[tuple[float, float, int]]:
-        """``(threshold, false alarms per 1,000 node-days, failures caught)`` from the top score
-        down, over every distinct score or ~400 rank-spaced ones, until the rate has stayed above
-        ``max_rate`` for 25 candidates in a row (it only grows from there, bar small wobbles)."""
-        out: list[tuple[float, float, int]] = []
-        over = 0
-        for thr in map(float, _candidates(score)):
-            alert = score >= thr
-            rate = self.false_alarm_rate(alert)
-            out.append((thr, rate, self.caught(alert).sum().item()))
-            over = over + 1 if rate > max_rate else 0
-            if over >= 25:
-                break
-        return out
-
     def threshold_for_budget(
         self, score: np.ndarray, budget_per_1000_node_days: float, confidence: float = BUDGET_CONFIDENCE
     ) -> BudgetChoice:
@@ -290,21 +276,9 @@ class EvalRows:
         return budget_threshold([(self, score)], budget_per_1000_node_days, confidence)
 
     def recall_at_rates(self, score: np.ndarray, rates: tuple[float, ...] = EQUAL_RATES) -> dict[str, dict]:
-        """Per false-alarm rate: the most failures caught by a threshold that keeps false alarms
-        per 1,000 node-days at or under it, the threshold set on *these* rows.
-
-        Not an operating point (nobody can tune on data still to come), but the fair way to set
-        predictors side by side on a dataset where their validation thresholds spend different
-        budgets: equal false alarms, compare what they catch.
-        """
-        points = self.sweep(score, max(rates))
-        nf = len(self.failures)
-        out: dict[str, dict] = {}
-        for cap in rates:  # the most caught; among equals the highest threshold (fewest alerts)
-            caught, thr, rate = max(((c, t, r) for t, r, c in points if r <= cap), default=(0, None, 0.0))
-            out[f"{cap:g}"] = {"caught": caught, "failures": nf, "recall": caught / nf if nf else None,
-                               "false_alarms_per_1000_node_days": rate, "threshold": thr}
-        return out
+        """:func:`rates_caught` on these rows alone."""
+        points = sweep(lambda: [(self, score)], _candidates(score), max(rates), self.node_days)
+        return rates_caught(points, len(self.failures), rates)
 
     def caught(self, alert: np.ndarray) -> np.ndarray:
         """Per failure in :attr:`failures`: whether one of its positive rows alerts."""
@@ -314,59 +288,163 @@ class EvalRows:
 
     def at_threshold(self, score: np.ndarray, threshold: float) -> dict:
         """Operating-point metrics (see the module docstring) for one threshold."""
+        return operating_point([self.threshold_counts(score, threshold)], threshold, self.cadence_ms)
+
+    def threshold_counts(self, score: np.ndarray, threshold: float) -> ThresholdCounts:
+        """What these rows give at ``threshold``, to be added up with other rows'
+        (:func:`operating_point`)."""
         alert = score >= threshold
         first, true = self._episodes(alert)
-        n_ep, n_false = int(first.size), int(np.count_nonzero(~true))
         pos_alert = alert[self._pos_rows]
-        nf = len(self.failures)
-        caught = self.caught(alert)
-        first_alert = np.full(nf, np.iinfo(np.int64).max, dtype=np.int64)
+        first_alert = np.full(len(self.failures), np.iinfo(np.int64).max, dtype=np.int64)
         hit = self._failure_of_pos[pos_alert]
         np.minimum.at(first_alert, hit, self._ts[self._pos_rows][pos_alert])
-        fts = self.failures["failure_ts"].to_numpy(dtype=np.int64)
-        lead = (fts[caught] - first_alert[caught]) / 60_000.0
-        detectable = pd.Series(self.failures["detectable"].to_numpy()[caught], dtype="object").eq(True)
-        detectable_leads = lead[detectable.to_numpy()]
-        n_alert_rows = int(alert.sum())
-        tp_rows = int((alert & (self.label == 1)).sum())
-        return {
-            "threshold": float(threshold),
-            "failures": nf,
-            "caught": int(caught.sum()),
-            "recall_at_budget": float(caught.mean()) if nf else None,
-            "precision_at_budget": (n_ep - n_false) / n_ep if n_ep else None,
-            "alert_episodes": n_ep,
-            "false_alarms": n_false,
-            "false_alarms_per_1000_node_days": n_false / self.node_days * 1000.0 if self.node_days else 0.0,
-            "false_alarms_after_return": int(np.count_nonzero(self._after_return(first[~true]))),
-            "row_recall_at_budget": tp_rows / int(self.label.sum()) if self.label.any() else None,
-            "row_precision_at_budget": tp_rows / n_alert_rows if n_alert_rows else None,
-            "median_lead_minutes": float(np.median(lead)) if lead.size else None,
-            "median_lead_minutes_ci95": median_interval(lead),
-            "lead_minutes": sorted(float(x) for x in lead),
-            "recall_by_cause": self._recall_by(
-                caught, self.failures["cause"].astype("object").fillna("unknown")
-            ),
-            "recall_by_detectability": self._recall_by(
-                caught,
-                self.failures["detectable"]
-                .astype("object")
-                .map({True: "detectable", False: "undetectable"})
-                .fillna("unknown"),
-            ),
-            "median_lead_minutes_detectable": (
-                float(np.median(detectable_leads)) if detectable_leads.size else None
-            ),
-            "caught_15_minutes_ahead": int(np.count_nonzero(detectable_leads >= WARNING_MINUTES)),
-        }
+        failures = self.failures
+        return ThresholdCounts(
+            rows=len(self.frame),
+            positive_rows=int(self.label.sum()),
+            alert_rows=int(alert.sum()),
+            true_alert_rows=int((alert & (self.label == 1)).sum()),
+            episodes=int(first.size),
+            false_alarms=int(np.count_nonzero(~true)),
+            false_alarms_after_return=int(np.count_nonzero(self._after_return(first[~true]))),
+            node=failures["node"].to_numpy(),
+            failure_ts=failures["failure_ts"].to_numpy(dtype=np.int64),
+            cause=failures["cause"].astype("object").fillna("unknown").to_numpy(),
+            detectable=failures["detectable"].to_numpy(),
+            caught=self.caught(alert),
+            first_alert=first_alert,
+        )
 
-    @staticmethod
-    def _recall_by(caught: np.ndarray, groups: pd.Series) -> dict[str, dict[str, float | int]]:
-        out: dict[str, dict[str, float | int]] = {}
-        for name, idx in groups.groupby(groups.to_numpy()).groups.items():
-            c = caught[np.asarray(groups.index.get_indexer(idx))]
-            out[str(name)] = {"failures": int(c.size), "caught": int(c.sum()), "recall": float(c.mean())}
-        return out
+
+@dataclass
+class ThresholdCounts:
+    """What one set of rows gives at a threshold: counts of rows and alert episodes, and per failure
+    (in the rows' (node, ts) order) its node, time, cause, detectability, whether it was caught and
+    its first alerting row's ``ts``. Sets of rows whose nodes are apart add up
+    (:func:`operating_point`): a fleet's month is judged a node group at a time."""
+
+    rows: int
+    positive_rows: int
+    alert_rows: int
+    true_alert_rows: int
+    episodes: int
+    false_alarms: int
+    false_alarms_after_return: int
+    node: np.ndarray
+    failure_ts: np.ndarray
+    cause: np.ndarray
+    detectable: np.ndarray
+    caught: np.ndarray
+    first_alert: np.ndarray
+
+
+def operating_point(counts: Sequence[ThresholdCounts], threshold: float, cadence_ms: int) -> dict:
+    """Operating-point metrics (see the module docstring) at ``threshold`` of the rows that gave
+    ``counts``, their nodes apart, as if they were one (node, ts)-sorted set of rows: the failures
+    in the order of their nodes (the bootstrap of the median lead draws by position)."""
+    def total(name: str) -> int:
+        return sum(getattr(c, name) for c in counts)
+
+    failures = pd.DataFrame({name: np.concatenate([getattr(c, name) for c in counts]) for name in
+                             ("node", "failure_ts", "cause", "detectable", "caught", "first_alert")})
+    if len(counts) > 1:
+        failures = failures.sort_values("node", key=lambda n: n.astype(str), kind="stable", ignore_index=True)
+    n_ep, n_false = total("episodes"), total("false_alarms")
+    node_days = total("rows") * cadence_ms / DAY_MS
+    positive_rows, n_alert_rows = total("positive_rows"), total("alert_rows")
+    tp_rows = total("true_alert_rows")
+    nf = len(failures)
+    caught = failures["caught"].to_numpy(dtype=bool)
+    lead = (failures["failure_ts"].to_numpy()[caught] - failures["first_alert"].to_numpy()[caught]) / 60_000.0
+    detectable = pd.Series(failures["detectable"].to_numpy()[caught], dtype="object").eq(True)
+    detectable_leads = lead[detectable.to_numpy()]
+    return {
+        "threshold": float(threshold),
+        "failures": nf,
+        "caught": int(caught.sum()),
+        "recall_at_budget": float(caught.mean()) if nf else None,
+        "precision_at_budget": (n_ep - n_false) / n_ep if n_ep else None,
+        "alert_episodes": n_ep,
+        "false_alarms": n_false,
+        "false_alarms_per_1000_node_days": n_false / node_days * 1000.0 if node_days else 0.0,
+        "false_alarms_after_return": total("false_alarms_after_return"),
+        "row_recall_at_budget": tp_rows / positive_rows if positive_rows else None,
+        "row_precision_at_budget": tp_rows / n_alert_rows if n_alert_rows else None,
+        "median_lead_minutes": float(np.median(lead)) if lead.size else None,
+        "median_lead_minutes_ci95": median_interval(lead),
+        "lead_minutes": sorted(float(x) for x in lead),
+        "recall_by_cause": _recall_by(caught, pd.Series(failures["cause"].to_numpy(dtype=object))),
+        "recall_by_detectability": _recall_by(
+            caught,
+            pd.Series(failures["detectable"].to_numpy(), dtype="object")
+            .map({True: "detectable", False: "undetectable"})
+            .fillna("unknown"),
+        ),
+        "median_lead_minutes_detectable": (
+            float(np.median(detectable_leads)) if detectable_leads.size else None
+        ),
+        "caught_15_minutes_ahead": int(np.count_nonzero(detectable_leads >= WARNING_MINUTES)),
+    }
+
+
+def _recall_by(caught: np.ndarray, groups: pd.Series) -> dict[str, dict[str, float | int]]:
+    out: dict[str, dict[str, float | int]] = {}
+    for name, idx in groups.groupby(groups.to_numpy()).groups.items():
+        c = caught[np.asarray(groups.index.get_indexer(idx))]
+        out[str(name)] = {"failures": int(c.size), "caught": int(c.sum()), "recall": float(c.mean())}
+    return out
+
+
+Parts = Callable[[], Iterable[tuple["EvalRows", np.ndarray]]]
+"""Sets of rows with their scores, their nodes apart, handed out anew on each call (a fleet's
+month is read back from disk a node group at a time)."""
+
+
+def sweep(parts: Parts, candidates: np.ndarray, max_rate: float, node_days: float,
+          window: int = 1) -> list[tuple[float, float, int]]:
+    """``(threshold, false alarms per 1,000 node-days, failures caught)`` on the rows of ``parts``
+    at each of ``candidates`` (from the top score down, :func:`_candidates`), until the rate has
+    stayed above ``max_rate`` for 25 candidates in a row (it only grows from there, bar small
+    wobbles). ``window`` candidates are judged per pass over the parts: rows read back from disk
+    are read once for that many thresholds, at the cost of judging up to ``window - 1`` past the
+    stop."""
+    out: list[tuple[float, float, int]] = []
+    over = 0
+    for lo in range(0, candidates.size, window):
+        thresholds = [float(t) for t in candidates[lo : lo + window]]
+        false_alarms = np.zeros(len(thresholds), dtype=np.int64)
+        caught = np.zeros(len(thresholds), dtype=np.int64)
+        for rows, score in parts():
+            for j, thr in enumerate(thresholds):
+                alert = score >= thr
+                false_alarms[j] += rows.episodes(alert)[1]
+                caught[j] += np.count_nonzero(rows.caught(alert))
+        for thr, n_false, n_caught in zip(thresholds, false_alarms, caught, strict=True):
+            rate = int(n_false) / node_days * 1000.0 if node_days else 0.0
+            out.append((thr, rate, int(n_caught)))
+            over = over + 1 if rate > max_rate else 0
+            if over >= 25:
+                return out
+    return out
+
+
+def rates_caught(points: Sequence[tuple[float, float, int]], failures: int,
+                 rates: tuple[float, ...] = EQUAL_RATES) -> dict[str, dict]:
+    """Per false-alarm rate: the most failures caught by a threshold of :func:`sweep`'s ``points``
+    that keeps false alarms per 1,000 node-days at or under it, the threshold set on *these* rows.
+
+    Not an operating point (nobody can tune on data still to come), but the fair way to set
+    predictors side by side on a dataset where their validation thresholds spend different
+    budgets: equal false alarms, compare what they catch.
+    """
+    out: dict[str, dict] = {}
+    for cap in rates:  # the most caught; among equals the highest threshold (fewest alerts)
+        caught, thr, rate = max(((c, t, r) for t, r, c in points if r <= cap), default=(0, None, 0.0))
+        out[f"{cap:g}"] = {"caught": caught, "failures": failures,
+                           "recall": caught / failures if failures else None,
+                           "false_alarms_per_1000_node_days": rate, "threshold": thr}
+    return out
 
 
 def budget_threshold(
@@ -375,7 +453,7 @@ def budget_threshold(
 ) -> BudgetChoice:
     """The lowest threshold at and above which the false alarms on the rows of ``parts`` (each with
     its scores) keep their upper bound within the budget (the module docstring): the candidates of
-    :meth:`EvalRows.sweep` from the top down, then the scores between the last one within the
+    :func:`sweep` from the top down, then the scores between the last one within the
     budget and the first over it (:func:`_lowest_within`). Above every score (no alerts) when the
     top score is itself a false alarm the budget cannot afford.
 
@@ -431,13 +509,19 @@ def _lowest_within(
 
 
 def _candidates(*scores: np.ndarray, block: int = 1 << 20) -> np.ndarray:
-    """Thresholds to try over the rows of every array of ``scores``, from the top score down:
-    every distinct score, or ~400 rank-spaced ones (one per rank at the top, where alerts are few).
-
-    Holds a sorted copy of the scores and a flag per row, not every distinct score (a fleet's month
-    has tens of millions): the ranks asked for are looked up a block of the sorted scores at a time."""
+    """Thresholds to try over the rows of every array of ``scores``, from the top score down
+    (:func:`candidates_of_sorted` of a sorted copy of them all)."""
     ordered = np.concatenate(scores)
     ordered.sort()
+    return candidates_of_sorted(ordered, block)
+
+
+def candidates_of_sorted(ordered: np.ndarray, block: int = 1 << 20) -> np.ndarray:
+    """Thresholds to try over rows whose scores, sorted, are ``ordered``, from the top score down:
+    every distinct score, or ~400 rank-spaced ones (one per rank at the top, where alerts are few).
+
+    Holds a flag per row besides the scores, not every distinct score (a fleet's month has tens
+    of millions): the ranks asked for are looked up a block of the sorted scores at a time."""
     new = np.empty(ordered.size, dtype=bool)
     new[:1] = True
     np.not_equal(ordered[1:], ordered[:-1], out=new[1:])

@@ -12,6 +12,7 @@ their stored thresholds, to any other dataset, so the budget is tested where it 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from foreshock.models.alerting import EVAL_COLUMNS, EvalRows, after_return
+from foreshock.models.alerting import (
+    DAY_MS,
+    EQUAL_RATES,
+    EVAL_COLUMNS,
+    after_return,
+    candidates_of_sorted,
+    operating_point,
+    rates_caught,
+    sweep,
+)
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
 from foreshock.models.frame import (
@@ -29,12 +39,11 @@ from foreshock.models.frame import (
     LabelledStream,
     Scorer,
     combined_fingerprint,
-    compact_rows,
-    concat_compact,
     open_labelled,
     scores_in_blocks,
 )
 from foreshock.models.ranking import Ranking
+from foreshock.models.scored import ScoredRows, ScoreSpill, SpilledScores
 
 __all__ = ["PREDICTORS", "SharedLogOdds", "predictor_metrics", "rule_block_scores", "scores_of", "scorers_of",
            "thresholds_of", "budget_of",
@@ -44,28 +53,38 @@ PREDICTORS = ("model", "rules", "logistic")
 
 
 def predictor_metrics(
-    rows: EvalRows, score: np.ndarray, threshold: float, budget_per_1000_node_days: float | None = None
+    scored: ScoredRows, predictor: str, threshold: float, budget_per_1000_node_days: float | None = None
 ) -> dict[str, Any]:
-    """Ranking metrics per row plus the operating point at ``threshold`` (scores in ``rows`` order)
+    """Ranking metrics per row of ``predictor``'s scores plus the operating point at ``threshold``
     and, with the budget the threshold was chosen for, the false alarms spent beside it
-    (``budget_spent``: false alarms per 1,000 node-days over the budget)."""
-    y = rows.label
+    (``budget_spent``: false alarms per 1,000 node-days over the budget). Every row's label and
+    score are held at once only for the ranking and the sweep's candidates; the rest is judged a
+    node group at a time (:mod:`foreshock.models.scored`)."""
+    y = scored.label()
     both = 0 < y.sum() < y.size
+    score = scored.score(predictor)
     ranking = Ranking.of(y, score) if both else None
+    node_days = scored.rows * scored.cadence_ms / DAY_MS
     out: dict[str, Any] = {
         "rows": int(y.size),
         "positives": int(y.sum()),
         "base_rate": float(y.mean()) if y.size else None,
-        "node_days": rows.node_days,
+        "node_days": node_days,
         "pr_auc": ranking.average_precision() if ranking else None,
         "roc_auc": ranking.roc_auc() if ranking else None,
     }
-    out.update(rows.at_threshold(score, threshold))
+    del y, ranking
+    score.sort()
+    candidates = candidates_of_sorted(score)
+    del score
+    counts = [rows.threshold_counts(s, threshold) for rows, s in scored.parts(predictor)]
+    out.update(operating_point(counts, threshold, scored.cadence_ms))
     if budget_per_1000_node_days is not None:
         out["budget_false_alarms_per_1000_node_days"] = budget_per_1000_node_days
         rate = out["false_alarms_per_1000_node_days"]
         out["budget_spent"] = rate / budget_per_1000_node_days if budget_per_1000_node_days else None
-    out["recall_at_false_alarm_rates"] = rows.recall_at_rates(score)
+    points = sweep(lambda: scored.parts(predictor), candidates, max(EQUAL_RATES), node_days, scored.window)
+    out["recall_at_false_alarm_rates"] = rates_caught(points, out["failures"])
     return out
 
 
@@ -181,58 +200,60 @@ def evaluate(
             raise ValueError(f"{len(given)} {what} for {len(names)} dataset folders")
     cadence_ms = cadence_ms or int(model.metrics.get("training", {}).get("cadence_ms", 60_000))
     pooled = len(names) > 1
-    parts: list[_Scored] = []
-    frames: list[pd.DataFrame] = []
-    for i, (name, data_dir) in enumerate(zip(names, data_dirs, strict=True)):
-        labelled = data[i] if data is not None else open_labelled(
-            data_dir, model.horizon_minutes * 60_000, cadence_ms, feature_set,
-            table=tables[i] if tables is not None else None, dask_address=dask_address, progress=progress,
+    out_dir = Path(out_dir)
+    spill = ScoreSpill(out_dir / f".scored-{os.getpid()}", PREDICTORS, clear_ms_of(model))
+    try:
+        parts: list[_Scored] = []
+        cadences = set()
+        for i, (name, data_dir) in enumerate(zip(names, data_dirs, strict=True)):
+            labelled = data[i] if data is not None else open_labelled(
+                data_dir, model.horizon_minutes * 60_000, cadence_ms, feature_set,
+                table=tables[i] if tables is not None else None, dask_address=dask_address, progress=progress,
+            )
+            cadences.add(labelled.cadence_ms)
+            parts.append(_score_dataset(model, name, labelled, spill, len(names), progress))
+            del labelled  # one dataset's features at a time
+        if len(cadences) > 1:
+            raise ValueError(f"the datasets' rows come at different cadences: {sorted(cadences)} ms")
+        by_dataset = spill.seal(cadences.pop())
+        scored = SpilledScores.union([by_dataset[name] for name in names if name in by_dataset])
+        thresholds, budget = thresholds_of(model), budget_of(model)
+        metrics: dict[str, Any] = {
+            p: predictor_metrics(scored, p, thresholds[p], budget) for p in PREDICTORS
+        }
+        if pooled:
+            for p in PREDICTORS:
+                metrics[p]["by_dataset"] = {
+                    name: predictor_metrics(by_dataset[name], p, thresholds[p], budget) for name in names
+                }
+        fingerprints = [part.info["fingerprint"] for part in parts]
+        metrics["_info"] = {
+            "kind": "evaluate",
+            "model_version": model.version,
+            "feature_set_hash": model.feature_set_hash,
+            "horizon_minutes": model.horizon_minutes,
+            "datasets": [part.info for part in parts],
+            "dataset_fingerprint": combined_fingerprint(fingerprints) if pooled else fingerprints[0],
+            "cadence_ms": scored.cadence_ms,
+            "alert_clear_ms": scored.clear_ms,
+            "budget_false_alarms_per_1000_node_days": budget,
+            "threshold_source": model.threshold_source,
+        }
+        write_outputs(
+            out_dir, metrics, {"evaluation": scored}, model, title="Risk model evaluation",
+            shap_frame=pd.concat([part.shap_rows for part in parts]),
         )
-        frame, part = _score_dataset(model, name, labelled, pool_size=len(names), progress=progress)
-        frames.append(frame)
-        parts.append(part)
-        del frame
-        del labelled  # one dataset's features at a time
-    cadences = {part.cadence_ms for part in parts}
-    if len(cadences) > 1:
-        raise ValueError(f"the datasets' rows come at different cadences: {sorted(cadences)} ms")
-    rows = EvalRows(concat_compact(frames, by_node_ts=True), cadences.pop(), clear_ms_of(model))
-    scores = {p: rows.frame[p].to_numpy() for p in PREDICTORS}
-    thresholds, budget = thresholds_of(model), budget_of(model)
-    metrics: dict[str, Any] = {
-        p: predictor_metrics(rows, scores[p], thresholds[p], budget) for p in PREDICTORS
-    }
-    if pooled:
-        for p in PREDICTORS:
-            metrics[p]["by_dataset"] = {part.info["name"]: part.metrics[p] for part in parts}
-    fingerprints = [part.info["fingerprint"] for part in parts]
-    metrics["_info"] = {
-        "kind": "evaluate",
-        "model_version": model.version,
-        "feature_set_hash": model.feature_set_hash,
-        "horizon_minutes": model.horizon_minutes,
-        "datasets": [part.info for part in parts],
-        "dataset_fingerprint": combined_fingerprint(fingerprints) if pooled else fingerprints[0],
-        "cadence_ms": rows.cadence_ms,
-        "alert_clear_ms": rows.clear_ms,
-        "budget_false_alarms_per_1000_node_days": budget,
-        "threshold_source": model.threshold_source,
-    }
-    write_outputs(
-        out_dir, metrics, {"evaluation": (rows, scores)}, model, title="Risk model evaluation",
-        shap_frame=pd.concat([part.shap_rows for part in parts]),
-    )
+    finally:
+        spill.remove()
     return metrics
 
 
 @dataclass
 class _Scored:
-    """One dataset of an evaluation besides its scored rows: a sample of feature rows for the SHAP
-    plot and, when pooled, its own metrics."""
+    """One dataset of an evaluation, its rows spilled: a sample of its feature rows for the SHAP
+    plot, and what it is."""
 
-    cadence_ms: int
     shap_rows: pd.DataFrame
-    metrics: dict[str, Any]
     info: dict[str, Any]
 
 
@@ -240,48 +261,34 @@ def _score_dataset(
     model: RiskModel,
     name: str,
     labelled: LabelledData | LabelledStream,
+    spill: ScoreSpill,
     pool_size: int,
     progress: Callable[[str, int, int], None] | None = None,
-) -> tuple[pd.DataFrame, _Scored]:
-    """Score one dataset, a chunk (a partition of its feature table) at a time, and keep what the pool
-    needs: the columns ``EvalRows`` reads with each predictor's score beside them, in (node, ts)
-    order (nodes prefixed with the dataset's name when pooled), and the rest; its share of the
-    SHAP sample is ``SHAP_ROWS / pool_size`` rows, drawn from every chunk."""
+) -> _Scored:
+    """Score one dataset, a chunk (a partition of its feature table) at a time, and write to
+    ``spill`` what the metrics read: the columns ``EvalRows`` reads with each predictor's score
+    beside them. Its share of the SHAP sample is ``SHAP_ROWS / pool_size`` rows, drawn from every
+    chunk."""
     from foreshock.models.plots import SHAP_ROWS
 
-    per_dataset = pool_size > 1
     if labelled.feature_set_hash != model.feature_set_hash:
         raise ValueError(
             f"model was trained on feature set {model.feature_set_hash}, "
             f"dataset {name} has {labelled.feature_set_hash}"
         )
-    kept: list[pd.DataFrame] = []
     sample = _Sample(SHAP_ROWS // pool_size)
     scorers = scorers_of(model)
     for i, chunk in enumerate(labelled.chunks(), start=1):
         rows = chunk.rows
-        scored = rows[[c for c in EVAL_COLUMNS if c in rows]].assign(
+        spill.add(rows[[c for c in EVAL_COLUMNS if c in rows]].assign(
             after_return=after_return(rows), **scores_in_blocks(chunk, scorers)
-        )
-        kept.append(compact_rows(scored))
+        ), dataset=name)
         sample.add(chunk.x, model.feature_names)
         del chunk, rows
         if progress is not None:
             progress(f"evaluate: {name}", i, labelled.chunk_count)
-    rows = EvalRows(concat_compact(kept, by_node_ts=True), labelled.cadence_ms, clear_ms_of(model))
-    scores = {p: rows.frame[p].to_numpy() for p in PREDICTORS}
-    thresholds, budget = thresholds_of(model), budget_of(model)
-    metrics = (
-        {p: predictor_metrics(rows, scores[p], thresholds[p], budget) for p in PREDICTORS}
-        if per_dataset
-        else {}
-    )
-    kept_rows = rows.frame
-    if per_dataset:  # the same order: every node gets the same prefix
-        kept_rows["node"] = kept_rows["node"].cat.rename_categories(lambda n: f"{name}/{n}")
     manifest = {k: labelled.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")}
-    info = {"name": name, **manifest, "fingerprint": labelled.fingerprint}
-    return kept_rows, _Scored(rows.cadence_ms, sample.rows(), metrics, info)
+    return _Scored(sample.rows(), {"name": name, **manifest, "fingerprint": labelled.fingerprint})
 
 
 class _Sample:
@@ -332,15 +339,15 @@ def _dataset_names(data_dirs: Sequence[str | Path]) -> list[str]:
 def write_outputs(
     out_dir: str | Path,
     metrics: dict[str, Any],
-    parts: dict[str, tuple[EvalRows, dict]],
+    parts: dict[str, ScoredRows],
     model: RiskModel,
     title: str,
-    shap_frame: pd.DataFrame | None = None,
+    shap_frame: pd.DataFrame,
 ) -> list[Path]:
     """``metrics.json``, the PNG plots and ``report.md`` in ``out_dir``; returns the paths written.
 
-    ``parts`` maps a part name to its rows and per-predictor scores; plots use the first part, and
-    SHAP values its rows' features unless ``shap_frame`` gives the rows to explain.
+    ``parts`` maps a part name to its scored rows; plots use the first part, and SHAP values
+    explain the rows of ``shap_frame``.
     """
     from foreshock.models.plots import write_plots
     from foreshock.models.report import write_report
@@ -349,8 +356,8 @@ def write_outputs(
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "metrics.json"
     path.write_text(json.dumps(metrics, indent=1, sort_keys=True, default=_json_default))
-    name, (rows, scores) = next(iter(parts.items()))
-    plots = write_plots(out_dir, rows, scores, metrics, model, shap_frame=shap_frame)
+    name, scored = next(iter(parts.items()))
+    plots = write_plots(out_dir, scored, PREDICTORS, metrics, model, shap_frame)
     report = write_report(out_dir, metrics, plots, title=title, plotted_part=name)
     return [path, report, *plots]
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from foreshock.models.alerting import EvalRows  # noqa: E402
 from foreshock.models.artifact import RiskModel  # noqa: E402
 from foreshock.models.ranking import Ranking  # noqa: E402
+from foreshock.models.scored import ScoredRows  # noqa: E402
 
 __all__ = ["SHAP_ROWS", "write_plots", "shap_importance"]
 
@@ -71,23 +72,25 @@ def _barh(path: Path, values: dict[str, float], title: str, xlabel: str) -> Path
 
 def write_plots(
     out_dir: Path,
-    rows: EvalRows,
-    scores: dict[str, np.ndarray],
+    scored: ScoredRows,
+    predictors: Sequence[str],
     metrics: dict[str, Any],
     model: RiskModel,
-    shap_frame: pd.DataFrame | None = None,
+    shap_frame: pd.DataFrame,
 ) -> list[Path]:
-    """Write the four plots into ``out_dir`` and return their paths; SHAP values explain
-    ``shap_frame``'s rows (default: ``rows``')."""
+    """Write the four plots into ``out_dir`` and return their paths: the curves of ``predictors``
+    on the ``scored`` rows; SHAP values explain ``shap_frame``'s rows."""
     paths = []
     fig, ax = plt.subplots(figsize=(6.5, 5))
-    if 0 < rows.label.sum() < rows.label.size:
-        for name, score in scores.items():
-            precision, recall = Ranking.of(rows.label, score).precision_recall()
+    label = scored.label()
+    if 0 < label.sum() < label.size:
+        for name in predictors:
+            precision, recall = Ranking.of(label, scored.score(name)).precision_recall()
             ap = metrics[name].get("pr_auc")
             recall, precision = _on_pixels(recall, precision)
             ax.step(recall, precision, where="post", label=f"{name} (PR-AUC {ap:.3f})")
-        ax.axhline(rows.label.mean(), color="grey", linestyle=":", label="base rate")
+        ax.axhline(label.mean(), color="grey", linestyle=":", label="base rate")
+    del label
     ax.set_xlabel("recall (rows)")
     ax.set_ylabel("precision (rows)")
     ax.set_title("Precision-recall, model vs baselines")
@@ -100,7 +103,7 @@ def write_plots(
     fig, ax = plt.subplots(figsize=(6.5, 4))
     horizon = model.horizon_minutes
     bins = np.linspace(0, horizon, 13)
-    for name in scores:
+    for name in predictors:
         leads = metrics[name].get("lead_minutes") or []
         if leads:
             ax.hist(leads, bins=bins, alpha=0.5, label=f"{name} (n={len(leads)})")
@@ -126,7 +129,7 @@ def write_plots(
     paths.append(
         _barh(
             out_dir / "importance_shap.png",
-            shap_importance(model, rows.frame if shap_frame is None else shap_frame),
+            shap_importance(model, shap_frame),
             "Feature importance (mean |SHAP|, trees and linear prior)",
             "mean |contribution| (log-odds)",
         )

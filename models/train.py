@@ -100,6 +100,7 @@ from foreshock.models.frame import (
     concat_compact,
 )
 from foreshock.models.ranking import average_precision
+from foreshock.models.scored import HeldScores
 from foreshock.models.splits import make_split
 
 __all__ = [
@@ -993,7 +994,8 @@ def training_metrics(
     metrics: dict[str, Any] = {}
     for p in PREDICTORS:
         per_part = {
-            part: predictor_metrics(rows, scores[p], fitted.thresholds[p], budget_per_1000_node_days)
+            part: predictor_metrics(HeldScores(rows, scores), p, fitted.thresholds[p],
+                                    budget_per_1000_node_days)
             for part, (rows, scores) in evaluated.items()
             if len(rows.frame)
         }
@@ -1241,7 +1243,8 @@ def train_from_dataset(
             "previous_champion": registration.previous_champion,
         }
     model.save(out_dir / "model")
-    written = write_outputs(out_dir, metrics, evaluated, model, title="Risk model training",
+    written = write_outputs(out_dir, metrics, {part: HeldScores(*held) for part, held in evaluated.items()},
+                            model, title="Risk model training",
                             shap_frame=_shap_rows(data, evaluated["test"][0]))
     if register:
         from foreshock.models.registry import log_artifacts
