@@ -346,8 +346,9 @@ def operating_point(counts: Sequence[ThresholdCounts], threshold: float, cadence
     def total(name: str) -> int:
         return sum(getattr(c, name) for c in counts)
 
-    failures = pd.DataFrame({name: np.concatenate([getattr(c, name) for c in counts]) for name in
-                             ("node", "failure_ts", "cause", "detectable", "caught", "first_alert")})
+    columns = ("node", "failure_ts", "cause", "detectable", "caught", "first_alert")
+    failures = pd.DataFrame({name: np.concatenate([getattr(c, name) for c in counts]) if counts else []
+                             for name in columns})
     if len(counts) > 1:
         failures = failures.sort_values("node", key=lambda n: n.astype(str), kind="stable", ignore_index=True)
     n_ep, n_false = total("episodes"), total("false_alarms")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -150,26 +151,47 @@ def _critical_xids(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
     )
 
 
-def _window_sum(
-    node: np.ndarray, names: pd.Index, ts: np.ndarray, series: pd.DataFrame, column: str, window_ms: int
-) -> np.ndarray:
-    """For each row (``node``, a code into ``names``, at ``ts``): sum of ``series[column]`` over
-    the node's buckets in ``(t - window_ms, t]``. The series' other nodes are left out."""
-    at, _ = node_codes(series["node"], names)
-    mine = np.flatnonzero(at >= 0)
-    if not len(mine) or not len(ts):
-        return np.zeros(len(ts))
-    sts = series["ts"].to_numpy(np.int64)[mine]
-    t0 = int(min(ts.min(), sts.min())) - window_ms - 1
-    stride = int(max(ts.max(), sts.max())) - t0 + window_ms + 2
-    skey = at[mine] * stride + (sts - t0)
-    order = np.argsort(skey, kind="stable")
-    skey = skey[order]
-    csum = np.concatenate([[0.0], np.cumsum(series[column].to_numpy(dtype="float64")[mine][order])])
-    rkey = node * stride + (ts - t0)
-    hi = np.searchsorted(skey, rkey, side="right")
-    lo = np.searchsorted(skey, rkey - window_ms, side="right")
-    return csum[hi] - csum[lo]
+_TS_BITS = 42  # a bucket's key: its node's code above its ts (epoch ms, under 2**42: year 2109)
+
+
+@dataclass(frozen=True)
+class _WindowSums:
+    """A series of buckets (node, ts and counts) sorted by (node, ts) once, with each count's
+    running sum: any rows' window sums are then a search into it, without coding every bucket's
+    node again for each block of rows (a fleet's month has 376 k buckets and 2,700 blocks)."""
+
+    names: pd.Index
+    key: np.ndarray
+    running: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, series: pd.DataFrame, columns: tuple[str, ...]) -> _WindowSums:
+        code, names = node_codes(series["node"])
+        ts = series["ts"].to_numpy(np.int64)
+        if ts.size and (ts.min() < 0 or ts.max() >= 1 << _TS_BITS):
+            raise ValueError("rule evidence timestamps must be epoch milliseconds before 2109")
+        key = (code << _TS_BITS) + ts
+        order = np.argsort(key, kind="stable")
+        running = {c: np.concatenate([[0.0], np.cumsum(series[c].to_numpy(dtype="float64")[order])])
+                   for c in columns}
+        return cls(names, key[order], running)
+
+    def sums(self, node: np.ndarray, names: pd.Index, ts: np.ndarray, column: str,
+             window_ms: int) -> np.ndarray:
+        """For each row (``node``, a code into ``names``, at ``ts``): the sum of ``column`` over
+        the node's buckets in ``(t - window_ms, t]``. The counts are whole numbers, so the running
+        sums' differences are exact."""
+        out = np.zeros(len(ts))
+        code = self.names.get_indexer(names)[node] if len(names) else np.zeros(0, dtype=np.int64)
+        has = np.flatnonzero(code >= 0)
+        if not has.size:
+            return out
+        base = code[has].astype(np.int64) << _TS_BITS
+        hi = np.searchsorted(self.key, base + ts[has], side="right")
+        lo = np.searchsorted(self.key, base + ts[has] - window_ms, side="right")  # under 0: the node's first
+        running = self.running[column]
+        out[has] = running[hi] - running[lo]
+        return out
 
 
 @dataclass(frozen=True)
@@ -203,6 +225,10 @@ class RuleEvidence:
             return cls.read(data_dir, table.identity.cadence_ms, window_ms)
         return cls(gpu, xid, window_ms)
 
+    @cached_property
+    def _sums(self) -> tuple[_WindowSums, _WindowSums]:
+        return _WindowSums.of(self.gpu, ("uncorrectable", "sbe")), _WindowSums.of(self.xid, ("critical",))
+
     def of(self, rows: pd.DataFrame) -> pd.DataFrame:
         """``rule_critical`` (critical Xids plus uncorrectable-ECC increases in the window) and
         ``rule_sbe_per_min`` (single-bit ECC increase per minute over the window) of each row of
@@ -212,9 +238,10 @@ class RuleEvidence:
         w = self.window_ms
         node, names = node_codes(rows["node"])
         ts = rows["ts"].to_numpy(np.int64)
-        critical = _window_sum(node, names, ts, self.xid, "critical", w)
-        critical = (critical + _window_sum(node, names, ts, self.gpu, "uncorrectable", w)).astype(np.float32)
-        sbe = (_window_sum(node, names, ts, self.gpu, "sbe", w) / (w / 60_000)).astype(np.float32)
+        gpu, xid = self._sums
+        critical = xid.sums(node, names, ts, "critical", w)
+        critical = (critical + gpu.sums(node, names, ts, "uncorrectable", w)).astype(np.float32)
+        sbe = (gpu.sums(node, names, ts, "sbe", w) / (w / 60_000)).astype(np.float32)
         return pd.DataFrame({"rule_critical": critical, "rule_sbe_per_min": sbe}, index=rows.index)
 
 

@@ -12,7 +12,7 @@ their stored thresholds, to any other dataset, so the budget is tested where it 
 from __future__ import annotations
 
 import json
-import os
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +26,6 @@ from foreshock.models.alerting import (
     EQUAL_RATES,
     EVAL_COLUMNS,
     after_return,
-    candidates_of_sorted,
     operating_point,
     rates_caught,
     sweep,
@@ -42,7 +41,6 @@ from foreshock.models.frame import (
     open_labelled,
     scores_in_blocks,
 )
-from foreshock.models.ranking import Ranking
 from foreshock.models.scored import ScoredRows, ScoreSpill, SpilledScores
 
 __all__ = ["PREDICTORS", "SharedLogOdds", "predictor_metrics", "rule_block_scores", "scores_of", "scorers_of",
@@ -57,26 +55,19 @@ def predictor_metrics(
 ) -> dict[str, Any]:
     """Ranking metrics per row of ``predictor``'s scores plus the operating point at ``threshold``
     and, with the budget the threshold was chosen for, the false alarms spent beside it
-    (``budget_spent``: false alarms per 1,000 node-days over the budget). Every row's label and
-    score are held at once only for the ranking and the sweep's candidates; the rest is judged a
-    node group at a time (:mod:`foreshock.models.scored`)."""
-    y = scored.label()
-    both = 0 < y.sum() < y.size
-    score = scored.score(predictor)
-    ranking = Ranking.of(y, score) if both else None
+    (``budget_spent``: false alarms per 1,000 node-days over the budget), judged a node group at
+    a time (:mod:`foreshock.models.scored`)."""
+    ranking = scored.ranking(predictor)
     node_days = scored.rows * scored.cadence_ms / DAY_MS
     out: dict[str, Any] = {
-        "rows": int(y.size),
-        "positives": int(y.sum()),
-        "base_rate": float(y.mean()) if y.size else None,
+        "rows": scored.rows,
+        "positives": scored.positives,
+        "base_rate": scored.positives / scored.rows if scored.rows else None,
         "node_days": node_days,
         "pr_auc": ranking.average_precision() if ranking else None,
         "roc_auc": ranking.roc_auc() if ranking else None,
     }
-    del y, ranking
-    score.sort()
-    candidates = candidates_of_sorted(score)
-    del score
+    candidates = scored.candidates(predictor)
     counts = [rows.threshold_counts(s, threshold) for rows, s in scored.parts(predictor)]
     out.update(operating_point(counts, threshold, scored.cadence_ms))
     if budget_per_1000_node_days is not None:
@@ -200,9 +191,8 @@ def evaluate(
             raise ValueError(f"{len(given)} {what} for {len(names)} dataset folders")
     cadence_ms = cadence_ms or int(model.metrics.get("training", {}).get("cadence_ms", 60_000))
     pooled = len(names) > 1
-    out_dir = Path(out_dir)
-    spill = ScoreSpill(out_dir / f".scored-{os.getpid()}", PREDICTORS, clear_ms_of(model))
-    try:
+    with tempfile.TemporaryDirectory(prefix="foreshock-scored-") as folder:
+        spill = ScoreSpill(folder, PREDICTORS, clear_ms_of(model))
         parts: list[_Scored] = []
         cadences = set()
         for i, (name, data_dir) in enumerate(zip(names, data_dirs, strict=True)):
@@ -215,8 +205,8 @@ def evaluate(
             del labelled  # one dataset's features at a time
         if len(cadences) > 1:
             raise ValueError(f"the datasets' rows come at different cadences: {sorted(cadences)} ms")
-        by_dataset = spill.seal(cadences.pop())
-        scored = SpilledScores.union([by_dataset[name] for name in names if name in by_dataset])
+        by_dataset = spill.seal(cadences.pop(), names)
+        scored = SpilledScores.union([by_dataset[name] for name in names])
         thresholds, budget = thresholds_of(model), budget_of(model)
         metrics: dict[str, Any] = {
             p: predictor_metrics(scored, p, thresholds[p], budget) for p in PREDICTORS
@@ -243,8 +233,6 @@ def evaluate(
             out_dir, metrics, {"evaluation": scored}, model, title="Risk model evaluation",
             shap_frame=pd.concat([part.shap_rows for part in parts]),
         )
-    finally:
-        spill.remove()
     return metrics
 
 

@@ -23,7 +23,6 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from foreshock.models.artifact import RiskModel  # noqa: E402
-from foreshock.models.ranking import Ranking  # noqa: E402
 from foreshock.models.scored import ScoredRows  # noqa: E402
 
 __all__ = ["SHAP_ROWS", "write_plots", "shap_importance"]
@@ -82,15 +81,13 @@ def write_plots(
     on the ``scored`` rows; SHAP values explain ``shap_frame``'s rows."""
     paths = []
     fig, ax = plt.subplots(figsize=(6.5, 5))
-    label = scored.label()
-    if 0 < label.sum() < label.size:
+    if 0 < scored.positives < scored.rows:
         for name in predictors:
-            precision, recall = Ranking.of(label, scored.score(name)).precision_recall()
+            precision, recall = scored.ranking(name).precision_recall()
             ap = metrics[name].get("pr_auc")
             recall, precision = _on_pixels(recall, precision)
             ax.step(recall, precision, where="post", label=f"{name} (PR-AUC {ap:.3f})")
-        ax.axhline(label.mean(), color="grey", linestyle=":", label="base rate")
-    del label
+        ax.axhline(scored.positives / scored.rows, color="grey", linestyle=":", label="base rate")
     ax.set_xlabel("recall (rows)")
     ax.set_ylabel("precision (rows)")
     ax.set_title("Precision-recall, model vs baselines")

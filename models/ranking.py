@@ -13,6 +13,7 @@ weights included).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,26 +49,37 @@ class Ranking:
         if label.shape != score.shape or (weight is not None and np.shape(weight) != score.shape):
             raise ValueError("label, score and weight need one value per row")
         is_pos = label == 1
-        if not is_pos.any():
+        positive_weight = None if weight is None else np.asarray(weight)[is_pos]
+        return cls.of_parts(score[is_pos], positive_weight, lambda: [(label, score, weight)], block)
+
+    @classmethod
+    def of_parts(cls, positive_score: np.ndarray, positive_weight: np.ndarray | None,
+                 parts: Callable[[], Iterable[tuple[np.ndarray, np.ndarray, np.ndarray | None]]],
+                 block: int = _BLOCK) -> Ranking:
+        """Count the rows of ``parts`` (``(label, score, weight)`` arrays; weight None for
+        unweighted rows), whose positive rows score ``positive_score`` (weighing ``positive_weight``):
+        rows held a part at a time, a fleet's month read back from disk a node group at a time."""
+        if not positive_score.size:
             raise ValueError("no positive row to rank")
-        values, inverse = np.unique(score[is_pos], return_inverse=True)
+        values, inverse = np.unique(positive_score, return_inverse=True)
         k = values.size
-        positive = np.bincount(inverse, None if weight is None else np.asarray(weight)[is_pos], minlength=k)
-        del is_pos, inverse
+        positive = np.bincount(inverse, positive_weight, minlength=k)
+        del inverse
         at_index = np.zeros(k + 1)  # all rows by how many positive values lie at or under their score
         tied = np.zeros(k)  # all rows by the positive value their score equals
         neg_at_index, neg_tied = np.zeros(k + 1), np.zeros(k)
-        for lo in range(0, score.size, block):
-            s = score[lo : lo + block]
-            w = None if weight is None else np.asarray(weight[lo : lo + block], dtype=np.float64)
-            neg = label[lo : lo + block] != 1
-            i = np.searchsorted(values, s, side="right")
-            eq = i > 0
-            eq[eq] = values[i[eq] - 1] == s[eq]
-            at_index += np.bincount(i, w, minlength=k + 1)
-            tied += np.bincount(i[eq] - 1, None if w is None else w[eq], minlength=k)
-            neg_at_index += np.bincount(i[neg], None if w is None else w[neg], minlength=k + 1)
-            neg_tied += np.bincount(i[eq & neg] - 1, None if w is None else w[eq & neg], minlength=k)
+        for label, score, weight in parts():
+            for lo in range(0, score.size, block):
+                s = score[lo : lo + block]
+                w = None if weight is None else np.asarray(weight[lo : lo + block], dtype=np.float64)
+                neg = label[lo : lo + block] != 1
+                i = np.searchsorted(values, s, side="right")
+                eq = i > 0
+                eq[eq] = values[i[eq] - 1] == s[eq]
+                at_index += np.bincount(i, w, minlength=k + 1)
+                tied += np.bincount(i[eq] - 1, None if w is None else w[eq], minlength=k)
+                neg_at_index += np.bincount(i[neg], None if w is None else w[neg], minlength=k + 1)
+                neg_tied += np.bincount(i[eq & neg] - 1, None if w is None else w[eq & neg], minlength=k)
         at_or_above = np.cumsum(at_index[::-1])[::-1][1:]  # index i > j: score >= values[j]
         positive_from = np.r_[np.cumsum(positive[::-1])[::-1], 0.0]  # weight of positives >= values[i]
         pairs = float(neg_at_index @ positive_from + 0.5 * (neg_tied @ positive))

@@ -13,21 +13,27 @@ test, validation and held-out nodes).
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
-from foreshock.models.alerting import EvalRows
+from foreshock.models.alerting import EvalRows, candidates_of_sorted
+from foreshock.models.ranking import Ranking
 
-__all__ = ["ScoredRows", "HeldScores", "SpilledScores", "ScoreSpill", "SWEEP_WINDOW"]
+__all__ = ["ScoredRows", "HeldScores", "SpilledScores", "ScoreSpill", "SWEEP_WINDOW", "spilled_candidates"]
 
 # thresholds of the equal-rate sweep judged per read of the groups from disk
 SWEEP_WINDOW = 32
+# what a group's EvalRows is built of
+_EVAL_COLUMNS = ("node", "ts", "label", "after_return",
+                 "pos", "pos_failure_ts", "pos_cause", "pos_detectable")
+# nodes whose rows are judged together: a month of 60 s rows is 0.7 M rows, 27 MB as spilled
+GROUP_NODES = 16
 
 
 class ScoredRows(Protocol):
@@ -35,13 +41,14 @@ class ScoredRows(Protocol):
 
     cadence_ms: int
     rows: int
+    positives: int  # rows labelled 1: the node fails within the horizon
     window: int  # thresholds of a sweep judged per pass over :meth:`parts`
 
-    def label(self) -> np.ndarray:
-        """Every row's label (1: the node fails within the horizon), in :meth:`score`'s order."""
+    def ranking(self, predictor: str) -> Ranking | None:
+        """``predictor``'s ranking of every row (None unless some rows are positive and some not)."""
 
-    def score(self, predictor: str) -> np.ndarray:
-        """Every row's score by ``predictor``: a new array, which the caller may sort."""
+    def candidates(self, predictor: str) -> np.ndarray:
+        """The thresholds a sweep tries on ``predictor``'s scores (:func:`candidates_of_sorted`)."""
 
     def parts(self, predictor: str) -> Iterator[tuple[EvalRows, np.ndarray]]:
         """The rows a node group at a time, with ``predictor``'s scores in their order."""
@@ -63,130 +70,162 @@ class HeldScores:
     def rows(self) -> int:
         return len(self.eval_rows.frame)
 
-    def label(self) -> np.ndarray:
-        return self.eval_rows.label
+    @property
+    def positives(self) -> int:
+        return int(self.eval_rows.label.sum())
 
-    def score(self, predictor: str) -> np.ndarray:
-        return self.scores[predictor].copy()
+    def ranking(self, predictor: str) -> Ranking | None:
+        if not 0 < self.positives < self.rows:
+            return None
+        return Ranking.of(self.eval_rows.label, self.scores[predictor])
+
+    def candidates(self, predictor: str) -> np.ndarray:
+        return candidates_of_sorted(np.sort(self.scores[predictor]))
 
     def parts(self, predictor: str) -> Iterator[tuple[EvalRows, np.ndarray]]:
         yield self.eval_rows, self.scores[predictor]
 
 
 class ScoreSpill:
-    """Scored partitions written to ``directory`` as they come (:meth:`add`), then regrouped by node
-    group (:meth:`seal`): partitions that share a node belong to one group.
+    """Scored rows written to ``directory`` as they come (:meth:`add`), each to the file of its
+    node's group: :data:`GROUP_NODES` nodes of one dataset, in the order they first come. Then
+    :meth:`seal` sorts each group's rows by (node, ts).
 
-    Each partition keeps its node, ts, label and ``after_return`` columns and the predictors'
-    scores a row each, and its positive rows' failure, cause and detectability: nothing else of
-    the labelled rows is read by the metrics."""
+    A row keeps its node, ts, label and ``after_return`` and the predictors' scores; a positive
+    row also its failure, cause and detectability: nothing else of the labelled rows is read by
+    the metrics."""
 
     def __init__(self, directory: str | Path, predictors: Sequence[str], clear_ms: int):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.predictors = tuple(predictors)
         self.clear_ms = clear_ms
-        self._node_ids: dict[str, int] = {}
+        self._record = np.dtype([("node", np.int32), ("ts", np.int64), ("label", np.int8),
+                                 ("after_return", bool), *((p, np.float64) for p in self.predictors)])
+        self._node_ids: dict[str, int] = {}  # by dataset-prefixed name
+        self._group_of: list[int] = []  # by node id
+        self._groups: list[_Group] = []
+        self._open_group: dict[str, tuple[int, int]] = {}  # by dataset: its last group, its nodes
         self._causes: dict[str, int] = {}
-        self._parent: list[int] = []  # union-find over node ids: a group is a set of linked nodes
-        self._chunks: list[tuple[Path, str, int]] = []  # file, dataset, one of its node ids
 
     def add(self, scored: pd.DataFrame, dataset: str = "") -> None:
-        """Write one scored partition of ``dataset``: the columns of
+        """Write scored rows of ``dataset``: the columns of
         :data:`~foreshock.models.alerting.EVAL_COLUMNS`, ``after_return`` and each predictor's
         score. Node names are prefixed with ``dataset/`` when one is given, so datasets stay apart."""
-        prefix = f"{dataset}/" if dataset else ""
         if not len(scored):
             return
         inverse, uniques = pd.factorize(scored["node"])  # a category column: from its codes
-        ids = np.array([self._node_id(f"{prefix}{n}") for n in uniques], dtype=np.int32)
-        for other in ids[1:]:
-            self._union(int(ids[0]), int(other))
-        label = scored["label"].to_numpy(dtype=np.int8)
-        pos = np.flatnonzero(label == 1)
-        detectable = scored["detectable"].iloc[pos].astype("object")
-        path = self.directory / f"chunk-{len(self._chunks)}.npz"
-        np.savez(
-            path,
-            node=ids[inverse],
-            ts=scored["ts"].to_numpy(dtype=np.int64),
-            label=label,
-            after_return=scored["after_return"].to_numpy(dtype=bool),
-            pos=pos,
-            pos_failure_ts=scored["failure_ts"].iloc[pos].to_numpy(dtype=np.float64),
-            pos_cause=np.array([-1 if pd.isna(c) else self._cause_id(str(c))
-                                for c in scored["cause"].iloc[pos]], dtype=np.int16),
-            pos_detectable=np.array([-1 if pd.isna(d) else int(bool(d)) for d in detectable], dtype=np.int8),
-            **{p: scored[p].to_numpy(dtype=np.float64) for p in self.predictors},
+        ids = np.array([self._node_id(dataset, str(n)) for n in uniques], dtype=np.int32)
+        records = np.empty(len(scored), dtype=self._record)
+        records["node"] = ids[inverse]
+        records["ts"] = scored["ts"].to_numpy(dtype=np.int64)
+        records["label"] = scored["label"].to_numpy(dtype=np.int8)
+        records["after_return"] = scored["after_return"].to_numpy(dtype=bool)
+        for p in self.predictors:
+            records[p] = scored[p].to_numpy(dtype=np.float64)
+        positive = np.flatnonzero(records["label"] == 1)
+        causes, detectable = (scored[c].to_numpy()[positive] for c in ("cause", "detectable"))
+        failure = _Failures(
+            positive,
+            scored["failure_ts"].to_numpy(dtype=np.float64)[positive],
+            np.array([-1 if pd.isna(c) else self._cause_id(str(c)) for c in causes], dtype=np.int16),
+            np.array([-1 if pd.isna(d) else int(bool(d)) for d in detectable], dtype=np.int8),
         )
-        self._chunks.append((path, dataset, int(ids[0])))
+        group = np.asarray(self._group_of, dtype=np.int32)[records["node"]]
+        order = np.argsort(group, kind="stable")
+        for rows in np.split(order, np.flatnonzero(np.diff(group[order])) + 1):
+            self._groups[group[rows[0]]].append(records[rows], failure.of(rows))
 
-    def seal(self, cadence_ms: int) -> dict[str, SpilledScores]:
-        """Regroup the partitions by node group, each group's rows in (node, ts) order in a file
-        of its own; per dataset, its groups, their rows ``cadence_ms`` apart."""
+    def seal(self, cadence_ms: int, datasets: Sequence[str]) -> dict[str, SpilledScores]:
+        """Sort each group's rows by (node, ts), in a file of its own; for each of ``datasets``,
+        its groups (none for a dataset with no row), their rows ``cadence_ms`` apart."""
         names = np.array(sorted(self._node_ids), dtype=object)
         code_of = np.empty(len(names), dtype=np.int32)  # node id -> place among the sorted names
         code_of[[self._node_ids[n] for n in names]] = np.arange(len(names), dtype=np.int32)
-        members: dict[int, list[tuple[Path, str]]] = {}
-        for path, dataset, node in self._chunks:
-            members.setdefault(self._root(node), []).append((path, dataset))
         nodes = pd.Index(names)
         causes = pd.Index(sorted(self._causes, key=self._causes.__getitem__))
-        groups: dict[str, list[Path]] = {}
-        for i, chunks in enumerate(members.values()):
-            path = self.directory / f"group-{i}.npz"
-            _regroup([c for c, _ in chunks], path, code_of, self.predictors)
-            groups.setdefault(chunks[0][1], []).append(path)
-        self._chunks.clear()
-        return {dataset: SpilledScores(files, nodes, causes, cadence_ms, self.clear_ms)
-                for dataset, files in groups.items()}
+        files: dict[str, list[Path]] = {dataset: [] for dataset in datasets}
+        for group in self._groups:
+            files[group.dataset].append(group.seal(self._record, code_of, self.predictors))
+        self._groups.clear()
+        return {dataset: SpilledScores(paths, nodes, causes, cadence_ms, self.clear_ms, self.directory)
+                for dataset, paths in files.items()}
 
-    def remove(self) -> None:
-        """Delete the directory and everything written to it."""
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-    def _node_id(self, name: str) -> int:
+    def _node_id(self, dataset: str, node: str) -> int:
+        name = f"{dataset}/{node}" if dataset else node
         if name not in self._node_ids:
-            self._node_ids[name] = len(self._parent)
-            self._parent.append(len(self._parent))
+            group, members = self._open_group.get(dataset, (-1, GROUP_NODES))
+            if members == GROUP_NODES:
+                group, members = len(self._groups), 0
+                self._groups.append(_Group(self.directory / f"group-{group}", dataset))
+            self._open_group[dataset] = (group, members + 1)
+            self._node_ids[name] = len(self._group_of)
+            self._group_of.append(group)
         return self._node_ids[name]
 
     def _cause_id(self, cause: str) -> int:
         return self._causes.setdefault(cause, len(self._causes))
 
-    def _root(self, node: int) -> int:
-        while self._parent[node] != node:
-            self._parent[node] = self._parent[self._parent[node]]
-            node = self._parent[node]
-        return node
 
-    def _union(self, a: int, b: int) -> None:
-        ra, rb = self._root(a), self._root(b)
-        if ra != rb:
-            self._parent[max(ra, rb)] = min(ra, rb)
+@dataclass
+class _Failures:
+    """Positive rows (places among some rows) and their failure's time, cause and detectability
+    (codes; -1 for none)."""
+
+    rows: np.ndarray
+    failure_ts: np.ndarray
+    cause: np.ndarray
+    detectable: np.ndarray
+
+    def of(self, rows: np.ndarray) -> _Failures:
+        """Those among ``rows`` (ascending places), placed among them."""
+        at = np.searchsorted(rows, self.rows)
+        mine = (at < rows.size) & (rows[np.minimum(at, rows.size - 1)] == self.rows)
+        return _Failures(at[mine], self.failure_ts[mine], self.cause[mine], self.detectable[mine])
+
+    @classmethod
+    def concat(cls, parts: Sequence[_Failures]) -> _Failures:
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
 
 
-def _regroup(chunks: list[Path], path: Path, code_of: np.ndarray, predictors: Sequence[str]) -> None:
-    """One group's partitions as one file, its rows in (node, ts) order and node ids recoded to
-    their places among every node's sorted names; the partitions' files are deleted."""
-    loaded = [dict(np.load(c)) for c in chunks]
-    at = np.cumsum([0] + [len(part["ts"]) for part in loaded])
-    columns = {name: np.concatenate([part[name] for part in loaded])
-               for name in ("node", "ts", "label", "after_return", *predictors)}
-    columns["node"] = code_of[columns["node"]]
-    order = np.lexsort((columns["ts"], columns["node"]))
-    sorted_columns = {name: values[order] for name, values in columns.items()}
-    place = np.empty_like(order)
-    place[order] = np.arange(order.size)
-    pos = np.concatenate([part["pos"] + at[i] for i, part in enumerate(loaded)])
-    pos_columns = {name: np.concatenate([part[name] for part in loaded])
-                   for name in ("pos_failure_ts", "pos_cause", "pos_detectable")}
-    new_pos = place[pos]
-    by_place = np.argsort(new_pos, kind="stable")
-    np.savez(path, **sorted_columns, pos=new_pos[by_place],
-             **{name: values[by_place] for name, values in pos_columns.items()})
-    for c in chunks:
-        c.unlink()
+@dataclass
+class _Group:
+    """A group's rows as they came, in a file (:meth:`append`), until :meth:`seal` sorts them."""
+
+    path: Path
+    dataset: str
+    rows: int = 0
+    failures: list[_Failures] = field(default_factory=list)
+
+    def append(self, records: np.ndarray, failures: _Failures) -> None:
+        with self.path.open("ab") as f:
+            records.tofile(f)
+        failures.rows = failures.rows + self.rows
+        self.failures.append(failures)
+        self.rows += len(records)
+
+    def seal(self, record: np.dtype, code_of: np.ndarray, predictors: Sequence[str]) -> Path:
+        """Write the rows in (node, ts) order, nodes by their places among every node's sorted
+        names (``code_of``), a column a file in the folder ``<path>.group``; delete the file they
+        came in."""
+        records = np.fromfile(self.path, dtype=record)
+        node = code_of[records["node"]]
+        order = np.lexsort((records["ts"], node))
+        place = np.empty_like(order)
+        place[order] = np.arange(order.size)
+        failures = _Failures.concat(self.failures)
+        pos = place[failures.rows]
+        by_place = np.argsort(pos, kind="stable")
+        columns = {"node": node[order], **{name: records[name][order] for name in
+                                           ("ts", "label", "after_return", *predictors)},
+                   "pos": pos[by_place], "pos_failure_ts": failures.failure_ts[by_place],
+                   "pos_cause": failures.cause[by_place], "pos_detectable": failures.detectable[by_place]}
+        out = self.path.with_suffix(".group")
+        out.mkdir()
+        for name, values in columns.items():
+            np.save(out / f"{name}.npy", values)
+        self.path.unlink()
+        return out
 
 
 @dataclass
@@ -199,49 +238,52 @@ class SpilledScores:
     causes: pd.Index
     cadence_ms: int
     clear_ms: int
+    scratch: Path  # where the sweep's candidates are counted (:func:`spilled_candidates`)
     window: int = SWEEP_WINDOW
+    _rankings: dict[str, Ranking] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def union(cls, parts: Sequence[SpilledScores]) -> SpilledScores:
         """The groups of every one of ``parts`` (spilled together), judged as one."""
         first = parts[0]
         return cls([f for p in parts for f in p.files], first.nodes, first.causes, first.cadence_ms,
-                   first.clear_ms, first.window)
+                   first.clear_ms, first.scratch, first.window)
 
-    @property
+    @cached_property
     def rows(self) -> int:
-        return sum(self._length(f) for f in self.files)
+        return sum(self._size(f, "label") for f in self.files)
 
-    def label(self) -> np.ndarray:
-        return self._column("label")
+    @cached_property
+    def positives(self) -> int:
+        return sum(self._size(f, "pos") for f in self.files)
 
-    def score(self, predictor: str) -> np.ndarray:
-        return self._column(predictor)
+    def ranking(self, predictor: str) -> Ranking | None:
+        if not 0 < self.positives < self.rows:
+            return None
+        if predictor not in self._rankings:  # the metrics and the plots both read it
+            positive = np.concatenate([g[predictor][g["pos"]] for g in self._groups("pos", predictor)])
+            self._rankings[predictor] = Ranking.of_parts(positive, None, lambda: (
+                (group["label"], group[predictor], None) for group in self._groups("label", predictor)))
+        return self._rankings[predictor]
+
+    def candidates(self, predictor: str) -> np.ndarray:
+        return spilled_candidates(lambda: (g[predictor] for g in self._groups(predictor)), self.rows,
+                                  self.scratch)
 
     def parts(self, predictor: str) -> Iterator[tuple[EvalRows, np.ndarray]]:
-        for path in self.files:
-            with np.load(path) as group:
-                yield self._eval_rows(group), group[predictor]
+        for group in self._groups(*_EVAL_COLUMNS, predictor):
+            yield self._eval_rows(group), group[predictor]
 
-    def _column(self, name: str) -> np.ndarray:
-        """``name`` of every group, one after another, in one array filled a group at a time."""
-        out = None
-        at = 0
+    def _groups(self, *names: str) -> Iterator[dict[str, np.ndarray]]:
+        """Each group's ``names`` columns, a group at a time."""
         for path in self.files:
-            with np.load(path) as group:
-                values = group[name]
-            if out is None:
-                out = np.empty(self.rows, dtype=values.dtype)
-            out[at : at + values.size] = values
-            at += values.size
-        return out if out is not None else np.empty(0)
+            yield {name: np.load(path / f"{name}.npy") for name in names}
 
     @staticmethod
-    def _length(path: Path) -> int:
-        with np.load(path) as group:
-            return int(group["label"].size)
+    def _size(path: Path, name: str) -> int:
+        return int(np.load(path / f"{name}.npy", mmap_mode="r").shape[0])
 
-    def _eval_rows(self, group: np.lib.npyio.NpzFile) -> EvalRows:
+    def _eval_rows(self, group: dict[str, np.ndarray]) -> EvalRows:
         n = group["ts"].size
         pos = group["pos"]
         failure_ts = np.full(n, np.nan)
@@ -260,3 +302,51 @@ class SpilledScores:
             "after_return": group["after_return"],
         }, copy=False)
         return EvalRows(frame, self.cadence_ms, self.clear_ms)
+
+
+# distinct scores held at once while the sweep's candidates are found over rows on disk
+BUCKET_VALUES = 1 << 22
+
+
+def spilled_candidates(scores: Callable[[], Iterable[np.ndarray]], rows: int, scratch: Path,
+                       bucket_values: int = BUCKET_VALUES) -> np.ndarray:
+    """:func:`candidates_of_sorted` of the ``rows`` scores handed out a group at a time by
+    ``scores``, holding about ``bucket_values`` distinct scores at once, not a sorted copy of
+    every row's: the ranks are counted among the distinct scores.
+
+    A first pass samples each group's distinct scores and cuts the score range into buckets of
+    about ``bucket_values`` distinct scores each; a second writes each group's distinct scores to
+    their buckets' files in ``scratch``; then the buckets are counted, and those holding a wanted
+    rank read again."""
+    stride = max(1, rows // (bucket_values // 4))
+    sample = np.unique(np.concatenate([np.empty(0), *(np.unique(s)[::stride] for s in scores())]))
+    step = max(1, bucket_values // stride)
+    bounds = sample[step::step]  # bucket b holds the scores in [bounds[b - 1], bounds[b])
+    paths = [scratch / f"bucket-{b}.f8" for b in range(bounds.size + 1)]
+    files = [path.open("wb") for path in paths]
+    try:
+        for s in scores():
+            distinct = np.unique(s).astype(np.float64, copy=False)
+            for b, values in enumerate(np.split(distinct, np.searchsorted(distinct, bounds, side="left"))):
+                values.tofile(files[b])
+    finally:
+        for f in files:
+            f.close()
+    try:
+        counts = [np.unique(np.fromfile(path)).size for path in paths]
+        total = sum(counts)
+        if total <= 400:
+            return np.concatenate([np.empty(0), *(np.unique(np.fromfile(path)) for path in paths)])[::-1]
+        ranks = np.unique(np.geomspace(1, total, 400).astype(int))  # 1 = the top score
+        wanted = total - ranks  # ascending positions among the distinct scores, from the top rank down
+        out = np.empty(wanted.size)
+        start = 0
+        for path, count in zip(paths, counts, strict=True):
+            mine = (wanted >= start) & (wanted < start + count)
+            if mine.any():
+                out[mine] = np.unique(np.fromfile(path))[wanted[mine] - start]
+            start += count
+        return out
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)

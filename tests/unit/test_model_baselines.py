@@ -125,3 +125,25 @@ def test_logistic_fit_to_its_iteration_budget_warns_no_one(monkeypatch):
         warnings.simplefilter("always")
         LogisticBaseline(["a", "b"]).fit(x, y)
     assert [w.category for w in heard] == [RuntimeWarning]
+
+
+def test_rule_evidence_sums_each_rows_window_of_its_own_nodes_buckets():
+    from foreshock.models.baselines import RuleEvidence
+
+    rng = np.random.default_rng(5)
+    minute, window = 60_000, 600_000
+    gpu = pd.DataFrame({"node": rng.choice(["a", "b", "c"], 300), "ts": rng.integers(0, 400, 300) * minute,
+                        "uncorrectable": rng.integers(0, 2, 300).astype(float),
+                        "sbe": rng.integers(0, 50, 300).astype(float)})
+    xid = pd.DataFrame({"node": ["b", "b", "c"], "ts": [5 * minute, 7 * minute, 0],
+                        "critical": [1.0, 1.0, 1.0]})
+    evidence = RuleEvidence(gpu, xid, window)
+    rows = pd.DataFrame({"node": rng.choice(["a", "b", "d"], 500), "ts": rng.integers(0, 420, 500) * minute})
+    for _ in range(2):  # the sorted buckets are built once, then read by every block of rows
+        got = evidence.of(rows)
+    for (node, ts), critical, sbe in zip(rows.itertuples(index=False), got["rule_critical"],
+                                         got["rule_sbe_per_min"], strict=True):
+        g = gpu[(gpu["node"] == node) & (gpu["ts"] > ts - window) & (gpu["ts"] <= ts)]
+        x = xid[(xid["node"] == node) & (xid["ts"] > ts - window) & (xid["ts"] <= ts)]
+        assert critical == g["uncorrectable"].sum() + x["critical"].sum()
+        assert sbe == np.float32(g["sbe"].sum() / 10)

@@ -6,9 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from foreshock.models.alerting import EvalRows, after_return, sweep
+import foreshock.models.scored
+from foreshock.models.alerting import EvalRows, after_return, candidates_of_sorted, sweep
 from foreshock.models.evaluate import PREDICTORS, predictor_metrics
-from foreshock.models.scored import HeldScores, ScoreSpill
+from foreshock.models.scored import HeldScores, ScoreSpill, spilled_candidates
 
 MIN = 60_000
 DAY = 1440
@@ -61,15 +62,17 @@ def _held(frame: pd.DataFrame) -> HeldScores:
     return HeldScores(rows, {p: rows.frame[p].to_numpy() for p in PREDICTORS})
 
 
-@pytest.mark.parametrize("group_size", [1, 5])
-def test_rows_spilled_by_node_group_give_the_figures_of_every_row_held_at_once(tmp_path, group_size):
+@pytest.mark.parametrize(("group_size", "group_nodes"), [(1, 5), (5, 16), (5, 3)])
+def test_rows_spilled_by_node_group_give_the_figures_of_every_row_held_at_once(
+        tmp_path, monkeypatch, group_size, group_nodes):
+    monkeypatch.setattr(foreshock.models.scored, "GROUP_NODES", group_nodes)
     frame = _scored_rows()
     spill = ScoreSpill(tmp_path / "spill", PREDICTORS, clear_ms=30 * MIN)
     for part in _partitions(frame, group_size, np.random.default_rng(1)):
         spill.add(part, dataset="a")
-    spilled = spill.seal(MIN)["a"]
-    assert len(spilled.files) == -(-12 // group_size)  # one file per node group, its days together
-    assert not list((tmp_path / "spill").glob("chunk-*"))
+    spilled = spill.seal(MIN, ["a"])["a"]
+    assert len(spilled.files) == -(-12 // group_nodes)  # a file per group of nodes, their days together
+    assert sorted(p.name for p in (tmp_path / "spill").iterdir()) == sorted(p.name for p in spilled.files)
     assert spilled.rows == len(frame)
     held = _held(frame)
     for p in PREDICTORS:
@@ -79,8 +82,6 @@ def test_rows_spilled_by_node_group_give_the_figures_of_every_row_held_at_once(t
         assert got == want, p
         assert got["caught"] >= 2 and got["false_alarms"] >= 1  # leads to order, alarms to count
         assert got["median_lead_minutes_ci95"] is not None  # drawn by position: the failures' order
-    spill.remove()
-    assert not (tmp_path / "spill").exists()
 
 
 def test_datasets_spilled_together_keep_their_nodes_apart_and_their_own_figures(tmp_path):
@@ -89,11 +90,14 @@ def test_datasets_spilled_together_keep_their_nodes_apart_and_their_own_figures(
     for name, frame in (("a", first), ("b", second)):
         for part in _partitions(frame, 4, np.random.default_rng(2)):
             spill.add(part, dataset=name)
-    by_dataset = spill.seal(MIN)
+    by_dataset = spill.seal(MIN, ["a", "b", "c"])
     pooled = pd.concat([first.assign(node="a/" + first["node"]), second.assign(node="b/" + second["node"])],
                        ignore_index=True)
     for p in PREDICTORS:
         assert predictor_metrics(by_dataset["b"], p, 0.9) == predictor_metrics(_held(second), p, 0.9)
+        nothing = predictor_metrics(by_dataset["c"], p, 0.9)  # a dataset with no row
+        assert (nothing["rows"], nothing["failures"], nothing["pr_auc"]) == (0, 0, None)
+        assert nothing["alert_episodes"] == 0 and nothing["recall_at_budget"] is None
         union = type(by_dataset["a"]).union([by_dataset["a"], by_dataset["b"]])
         assert predictor_metrics(union, p, 0.9) == predictor_metrics(_held(pooled), p, 0.9)
 
@@ -106,3 +110,22 @@ def test_a_sweep_judging_many_thresholds_per_pass_stops_where_one_at_a_time_does
     assert 25 < len(one) < len(candidates)  # it stopped
     for window in (7, 32, 1000):
         assert sweep(lambda: held.parts("model"), candidates, 2_000.0, 36.0, window) == one
+
+
+@pytest.mark.parametrize("bucket_values", [8, 1_000, 1 << 22])
+def test_candidates_counted_a_bucket_of_distinct_scores_at_a_time_are_those_of_every_score_sorted(
+        tmp_path, bucket_values):
+    rng = np.random.default_rng(4)
+    shared = rng.random(300)  # scores tied across groups count once
+    cases = {
+        "distinct": [rng.random(500) for _ in range(7)],
+        "tied across groups": [np.r_[rng.choice(shared, 400), rng.random(100)] for _ in range(6)],
+        "few distinct": [np.round(rng.random(300), 2) for _ in range(5)],  # every one a candidate
+        "no rows": [],
+    }
+    for name, groups in cases.items():
+        rows = sum(g.size for g in groups)
+        want = candidates_of_sorted(np.sort(np.concatenate([np.empty(0), *groups])))
+        got = spilled_candidates(lambda groups=groups: iter(groups), rows, tmp_path, bucket_values)
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        assert not list(tmp_path.iterdir())  # the buckets' files are gone
