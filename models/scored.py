@@ -319,9 +319,12 @@ def spilled_candidates(scores: Callable[[], Iterable[np.ndarray]], rows: int, sc
     their buckets' files in ``scratch``; then the buckets are counted, and those holding a wanted
     rank read again."""
     stride = max(1, rows // (bucket_values // 4))
-    sample = np.unique(np.concatenate([np.empty(0), *(np.unique(s)[::stride] for s in scores())]))
+    # a copy of each group's sample, not a view that would keep every group's distinct scores
+    sample = np.sort(np.concatenate([np.empty(0), *(np.unique(s)[::stride].copy() for s in scores())]))
     step = max(1, bucket_values // stride)
-    bounds = sample[step::step]  # bucket b holds the scores in [bounds[b - 1], bounds[b])
+    # bucket b holds the scores in [bounds[b - 1], bounds[b]), each group's once: a score that many
+    # groups share is written once per group, as the sample counts it
+    bounds = np.unique(sample[step::step])
     paths = [scratch / f"bucket-{b}.f8" for b in range(bounds.size + 1)]
     files = [path.open("wb") for path in paths]
     try:
