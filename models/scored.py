@@ -1,20 +1,20 @@
 """Scored rows judged as one: held in memory, or on disk a node group at a time.
 
-Every figure of an evaluation but two adds up over sets of rows whose nodes are apart: alert
-episodes, false alarms and catches belong to one node (:class:`~foreshock.models.alerting.
-ThresholdCounts`). The two that do not, the ranking (PR- and ROC-AUC) and the candidate
-thresholds of the equal-rate sweep, read one score and one label per row. So a fleet's month
-(88 M rows) need not be held whole to be judged: :class:`SpilledScores` writes each scored
-partition to disk, regroups the partitions by node group, and hands the groups back one at a time,
-while a predictor's scores and the labels come back whole (9 bytes a row) only for the ranking and
-the candidates. :class:`HeldScores` is the same interface over rows already in memory (training's
-test, validation and held-out nodes).
+Every figure of an evaluation adds up over sets of rows whose nodes are apart: alert episodes,
+false alarms and catches belong to one node (:class:`~foreshock.models.alerting.ThresholdCounts`),
+the ranking is counts of rows at the positive rows' scores (:class:`~foreshock.models.ranking.
+Ranking`), and the sweep's candidate thresholds are ranks among the distinct scores, which can be
+counted a range of scores at a time (:func:`spilled_candidates`). So a fleet's month (88 M rows)
+need not be held to be judged: :class:`ScoreSpill` appends each scored row to the file of its
+node's group of :data:`GROUP_NODES` nodes, sorts each group by (node, ts), and
+:class:`SpilledScores` hands the groups back one at a time. :class:`HeldScores` is the same
+interface over rows already in memory (training's test, validation and held-out nodes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Protocol
@@ -200,8 +200,7 @@ class _Group:
     def append(self, records: np.ndarray, failures: _Failures) -> None:
         with self.path.open("ab") as f:
             records.tofile(f)
-        failures.rows = failures.rows + self.rows
-        self.failures.append(failures)
+        self.failures.append(replace(failures, rows=failures.rows + self.rows))
         self.rows += len(records)
 
     def seal(self, record: np.dtype, code_of: np.ndarray, predictors: Sequence[str]) -> Path:
@@ -230,8 +229,8 @@ class _Group:
 
 @dataclass
 class SpilledScores:
-    """Scored rows on disk, a node group a file (:meth:`ScoreSpill.seal`); ``nodes`` and ``causes``
-    name the codes the files hold."""
+    """Scored rows on disk, a node group a folder of columns (:meth:`ScoreSpill.seal`); ``nodes``
+    and ``causes`` name the codes the files hold."""
 
     files: list[Path]
     nodes: pd.Index
