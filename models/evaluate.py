@@ -208,14 +208,22 @@ def evaluate(
         by_dataset = spill.seal(cadences.pop(), names)
         scored = SpilledScores.union([by_dataset[name] for name in names])
         thresholds, budget = thresholds_of(model), budget_of(model)
-        metrics: dict[str, Any] = {
-            p: predictor_metrics(scored, p, thresholds[p], budget) for p in PREDICTORS
-        }
+        steps, judged = len(PREDICTORS) * (1 + (len(names) if pooled else 0)), 0
+
+        def judge(rows: SpilledScores, p: str) -> dict[str, Any]:
+            nonlocal judged
+            out = predictor_metrics(rows, p, thresholds[p], budget)
+            judged += 1
+            if progress is not None:
+                progress("evaluate: judging the scores", judged, steps)
+            return out
+
+        if progress is not None:
+            progress("evaluate: judging the scores", 0, steps)
+        metrics: dict[str, Any] = {p: judge(scored, p) for p in PREDICTORS}
         if pooled:
             for p in PREDICTORS:
-                metrics[p]["by_dataset"] = {
-                    name: predictor_metrics(by_dataset[name], p, thresholds[p], budget) for name in names
-                }
+                metrics[p]["by_dataset"] = {name: judge(by_dataset[name], p) for name in names}
         fingerprints = [part.info["fingerprint"] for part in parts]
         metrics["_info"] = {
             "kind": "evaluate",

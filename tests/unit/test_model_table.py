@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -37,6 +38,7 @@ from foreshock.models.frame import (
     dataset_fingerprint,
     feature_table,
 )
+from foreshock.models.scored import GROUP_NODES
 from foreshock.models.train import (
     FAR_FROM_FAILURE_MS,
     ROW,
@@ -135,6 +137,31 @@ def test_train_and_evaluate_on_the_table_give_the_in_memory_metrics(
                                       "--features", str(tables["other"])])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text()) == json.loads(json.dumps(in_memory))
+
+
+def test_evaluate_scores_from_disk_shows_each_phase_and_leaves_no_scratch(
+    other, tables, trained_in_memory, tmp_path, monkeypatch
+):
+    """The scored rows wait under TMPDIR a node group a folder while they are judged, and go with
+    the evaluation; both phases, scoring and judging, report their progress to the end."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    seen: dict[str, list[tuple[int, int]]] = {}
+    groups_while_judged = []
+
+    def progress(label: str, done: int, total: int) -> None:
+        seen.setdefault(label, []).append((done, total))
+        if label.endswith("judging the scores"):
+            groups_while_judged.append(len(list(scratch.glob("foreshock-scored-*/group-*.group"))))
+
+    model = RiskModel.load(trained_in_memory / "model")
+    evaluate(model, [other.data_dir], tmp_path / "eval", tables=[tables["other"]], progress=progress)
+    scoring = seen[f"evaluate: {other.data_dir.name}"]
+    assert scoring[-1][0] == scoring[-1][1] == len(scoring) > 0
+    assert seen["evaluate: judging the scores"] == [(i, 3) for i in range(4)]  # a step per predictor
+    assert groups_while_judged[0] == -(-8 // GROUP_NODES)  # 8 nodes
+    assert not list(scratch.iterdir())
 
 
 def test_from_a_table_the_frame_holds_no_feature_and_any_rows_read_theirs(cluster, tables):
