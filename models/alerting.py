@@ -264,11 +264,6 @@ class EvalRows:
             trues.append(np.maximum.reduceat(self.label[idx], starts) > 0)
         return np.concatenate(firsts), np.concatenate(trues)
 
-    def false_alarm_rate(self, alert: np.ndarray) -> float:
-        """False alarms per 1,000 node-days."""
-        days = self.node_days
-        return self.episodes(alert)[1] / days * 1000.0 if days else 0.0
-
     def threshold_for_budget(
         self, score: np.ndarray, budget_per_1000_node_days: float, confidence: float = BUDGET_CONFIDENCE
     ) -> BudgetChoice:

@@ -158,7 +158,8 @@ _TS_BITS = 42  # a bucket's key: its node's code above its ts (epoch ms, under 2
 class _WindowSums:
     """A series of buckets (node, ts and counts) sorted by (node, ts) once, with each count's
     running sum: any rows' window sums are then a search into it, without coding every bucket's
-    node again for each block of rows (a fleet's month has 376 k buckets and 2,700 blocks)."""
+    node again for each block of rows (a fleet's month: hundreds of thousands of buckets, thousands
+    of blocks)."""
 
     names: pd.Index
     key: np.ndarray

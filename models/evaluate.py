@@ -179,8 +179,9 @@ def evaluate(
     Otherwise each dataset's features come from its feature table in ``tables`` (one per folder,
     written by ``foreshock features``) or from the dataset's feature cache
     (:func:`foreshock.models.frame.feature_table`; computed on the Dask cluster at ``dask_address``
-    when given), and are read and scored a day at a time: memory holds one day's features and,
-    for every row, only what the metrics read. ``cadence_ms`` defaults to the
+    when given), and are read and scored 32 Ki rows at a time; what the metrics read of each row
+    waits on disk, under ``TMPDIR``, and is judged a node group at a time
+    (:mod:`foreshock.models.scored`), so memory does not grow with the rows. ``cadence_ms`` defaults to the
     cadence the model was trained at; a finer one (the service scores every few seconds) measures
     lead times and false alarms closer to what an operator sees, since alerts can start between
     two training rows and a flapping score can open more episodes.
@@ -261,7 +262,7 @@ def _score_dataset(
     pool_size: int,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> _Scored:
-    """Score one dataset, a chunk (a partition of its feature table) at a time, and write to
+    """Score one dataset, a chunk (32 Ki rows of its feature table) at a time, and write to
     ``spill`` what the metrics read: the columns ``EvalRows`` reads with each predictor's score
     beside them. Its share of the SHAP sample is ``SHAP_ROWS / pool_size`` rows, drawn from every
     chunk."""

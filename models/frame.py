@@ -63,8 +63,8 @@ CACHE_DIR = "feature-cache"
 
 Progress = Callable[[str, int, int], None]
 SCORE_BLOCK_ROWS = 1 << 16
-# LabelledStream.chunks' rows read of a partition at a time: reading 32 Ki rows held 134 MB beside
-# the interpreter, a 2,048-node fleet's node-group day (383 k rows) 474 MB
+# LabelledStream.chunks' rows read of a partition at a time: what reading holds stays the same
+# whatever a partition's size (a 2,048-node fleet's node-group day is 440 k rows)
 CHUNK_ROWS = 1 << 15
 # FeatureRows' block of a frame's own features, and the batch LightGBM reads of any
 FEATURE_BLOCK_ROWS = 1 << 16
