@@ -25,7 +25,8 @@ import pandas as pd
 from foreshock.models.alerting import EvalRows, candidates_of_sorted
 from foreshock.models.ranking import Ranking
 
-__all__ = ["ScoredRows", "HeldScores", "SpilledScores", "ScoreSpill", "SWEEP_WINDOW", "spilled_candidates"]
+__all__ = ["ScoredRows", "HeldScores", "SpilledScores", "ScoreSpill", "GROUP_NODES", "SWEEP_WINDOW",
+           "spilled_candidates"]
 
 # thresholds of the equal-rate sweep judged per read of the groups from disk
 SWEEP_WINDOW = 32
