@@ -51,8 +51,9 @@ import pandas as pd
 
 __all__ = ["EvalRows", "EVAL_COLUMNS", "after_return", "DAY_MS", "ALERT_CLEAR_MS", "EQUAL_RATES",
            "AFTER_RETURN_MS", "WARNING_MINUTES", "BUDGET_CONFIDENCE", "BudgetChoice", "budget_threshold",
-           "Parts", "ThresholdCounts", "candidates_of_sorted", "operating_point", "rates_caught", "sweep",
-           "episode_starts", "median_interval", "most_within", "poisson_upper_bound", "sorted_by_node_ts"]
+           "Parts", "ThresholdCounts", "candidates_of", "candidates_of_sorted", "operating_point",
+           "rates_caught", "sweep", "episode_starts", "median_interval", "most_within", "poisson_upper_bound",
+           "sorted_by_node_ts"]
 
 DAY_MS = 86_400_000
 ALERT_CLEAR_MS = 30 * 60_000
@@ -268,11 +269,12 @@ class EvalRows:
         self, score: np.ndarray, budget_per_1000_node_days: float, confidence: float = BUDGET_CONFIDENCE
     ) -> BudgetChoice:
         """:func:`budget_threshold` on these rows alone."""
-        return budget_threshold([(self, score)], budget_per_1000_node_days, confidence)
+        return budget_threshold(lambda: [(self, score)], candidates_of(score), self.node_days,
+                                budget_per_1000_node_days, confidence)
 
     def recall_at_rates(self, score: np.ndarray, rates: tuple[float, ...] = EQUAL_RATES) -> dict[str, dict]:
         """:func:`rates_caught` on these rows alone."""
-        points = sweep(lambda: [(self, score)], _candidates(score), max(rates), self.node_days)
+        points = sweep(lambda: [(self, score)], candidates_of(score), max(rates), self.node_days)
         return rates_caught(points, len(self.failures), rates)
 
     def caught(self, alert: np.ndarray) -> np.ndarray:
@@ -400,7 +402,7 @@ month is read back from disk a node group at a time)."""
 def sweep(parts: Parts, candidates: np.ndarray, max_rate: float, node_days: float,
           window: int = 1) -> list[tuple[float, float, int]]:
     """``(threshold, false alarms per 1,000 node-days, failures caught)`` on the rows of ``parts``
-    at each of ``candidates`` (from the top score down, :func:`_candidates`), until the rate has
+    at each of ``candidates`` (from the top score down, :func:`candidates_of`), until the rate has
     stayed above ``max_rate`` for 25 candidates in a row (it only grows from there, bar small
     wobbles). ``window`` candidates are judged per pass over the parts: rows read back from disk
     are read once for that many thresholds, at the cost of judging up to ``window - 1`` past the
@@ -444,67 +446,97 @@ def rates_caught(points: Sequence[tuple[float, float, int]], failures: int,
 
 
 def budget_threshold(
-    parts: Sequence[tuple[EvalRows, np.ndarray]], budget_per_1000_node_days: float,
+    parts: Parts,
+    candidates: np.ndarray,
+    node_days: float,
+    budget_per_1000_node_days: float,
     confidence: float = BUDGET_CONFIDENCE,
+    window: int = 1,
 ) -> BudgetChoice:
     """The lowest threshold at and above which the false alarms on the rows of ``parts`` (each with
-    its scores) keep their upper bound within the budget (the module docstring): the candidates of
-    :func:`sweep` from the top down, then the scores between the last one within the
-    budget and the first over it (:func:`_lowest_within`). Above every score (no alerts) when the
-    top score is itself a false alarm the budget cannot afford.
+    its scores) keep their upper bound within the budget (the module docstring): ``candidates``
+    (:func:`candidates_of_sorted` of every score of ``parts``, from the top down) in turn, then the
+    scores between the last one within the budget and the first over it (:func:`_lowest_within`).
+    Above every score (no alerts) when the top score is itself a false alarm the budget cannot
+    afford.
 
-    The parts are judged as one set of rows whose node-days add up; their nodes must be apart (no
-    alert episode spans two parts), as the threshold folds' are. Judging them part by part spares a
-    copy of every row (the folds of a fleet's month hold 60 M)."""
-    days = sum(len(rows.frame) * rows.cadence_ms for rows, _ in parts) / DAY_MS
-    if budget_per_1000_node_days < 0 or days <= 0:
+    The parts are judged as one set of rows of ``node_days`` whose node-days add up; their nodes
+    must be apart (no alert episode spans two parts), as the threshold folds' are and a spilled
+    node group's are. Judging them part by part spares a copy of every row (the folds of a fleet's
+    month hold 60 M). ``window`` thresholds are judged per pass over the parts, so rows read back
+    from disk are read once for that many; the choice is the one of judging one at a time."""
+    if budget_per_1000_node_days < 0 or node_days <= 0 or not candidates.size:
         raise ValueError("a budget threshold needs a budget >= 0 and scored rows")
-
-    def false_alarms(thr: float) -> int:
-        return sum(rows.episodes(score >= thr)[1] for rows, score in parts)
-
     # the most false alarms whose bound is within budget (0 when none is: then not certified)
-    allowed = max(0, most_within(budget_per_1000_node_days * days / 1000.0, confidence))
-    top = max(float(score.max()) for _, score in parts if score.size)
-    chosen, kept, most = float(np.nextafter(top, np.inf)), 0, 0
-    for thr in _candidates(*(score for _, score in parts)):
-        most = max(most, false_alarms(thr))
-        if most > allowed:
-            chosen, kept = _lowest_within(parts, false_alarms, float(thr), chosen, kept, allowed)
-            break
-        chosen, kept = float(thr), most
-    bound = poisson_upper_bound(kept, confidence) / days * 1000.0
-    return BudgetChoice(chosen, float(budget_per_1000_node_days), float(confidence), days, kept, bound,
-                        bound <= budget_per_1000_node_days)
+    allowed = max(0, most_within(budget_per_1000_node_days * node_days / 1000.0, confidence))
+    chosen, kept, most = float(np.nextafter(candidates[0], np.inf)), 0, 0  # candidates[0]: the top score
+    for lo in range(0, candidates.size, window):
+        tried = candidates[lo : lo + window]
+        for thr, alarms in zip(tried, _false_alarms(parts, tried), strict=True):
+            most = max(most, int(alarms))
+            if most > allowed:
+                chosen, kept = _lowest_within(parts, float(thr), chosen, kept, allowed, window)
+                return _budget_choice(chosen, kept, node_days, budget_per_1000_node_days, confidence)
+            chosen, kept = float(thr), most
+    return _budget_choice(chosen, kept, node_days, budget_per_1000_node_days, confidence)
 
 
-def _lowest_within(
-    parts: Sequence[tuple[EvalRows, np.ndarray]],
-    false_alarms: Callable[[float], int],
-    over: float,
-    within: float,
-    kept: int,
-    allowed: int,
-) -> tuple[float, int]:
+def _budget_choice(threshold: float, false_alarms: int, node_days: float, budget: float,
+                   confidence: float) -> BudgetChoice:
+    bound = poisson_upper_bound(false_alarms, confidence) / node_days * 1000.0
+    return BudgetChoice(threshold, float(budget), float(confidence), node_days, false_alarms, bound,
+                        bound <= budget)
+
+
+def _false_alarms(parts: Parts, thresholds: np.ndarray) -> np.ndarray:
+    """False-alarm episodes on the rows of ``parts`` at each of ``thresholds``, in one pass."""
+    out = np.zeros(len(thresholds), dtype=np.int64)
+    for rows, score in parts():
+        for j, thr in enumerate(thresholds):
+            out[j] += rows.episodes(score >= thr)[1]
+    return out
+
+
+def _lowest_within(parts: Parts, over: float, within: float, kept: int, allowed: int,
+                   window: int) -> tuple[float, int]:
     """The lowest score between two neighbouring candidates, ``over`` (its alarms break the budget)
     and ``within`` (they do not), that keeps the budget, with the most false alarms seen on the way:
     a bisection over the distinct scores between them. Deep in the scores the candidates are
     rank-spaced, and two false alarms that enter between neighbours would otherwise leave the
     threshold at the upper one, with fewer alarms than the budget affords and fewer catches. Like
-    the candidates, the bisection judges a threshold by the alarms of those it tried above it."""
-    between = np.unique(np.concatenate([score[(score > over) & (score < within)] for _, score in parts]))
+    the candidates, the bisection judges a threshold by the alarms of those it tried above it.
+
+    Each pass over the parts judges every score the next steps of the bisection may try, as many
+    steps as ``window`` thresholds cover (one step for 1, five for 31), and the steps then follow
+    those counts: the same scores tried as one step a pass would try."""
+    between = np.unique(np.concatenate([np.empty(0), *(score[(score > over) & (score < within)]
+                                                       for _, score in parts())]))
+    depth = max(1, (window + 1).bit_length() - 1)
     lo, hi = -1, between.size  # between[lo] breaks the budget (lo = -1: over), between[hi] keeps it
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        n = max(kept, false_alarms(float(between[mid])))
-        if n <= allowed:
-            hi, kept = mid, n
-        else:
-            lo = mid
+        probes = _bisection_probes(lo, hi, depth)
+        alarms = dict(zip(probes, _false_alarms(parts, between[probes]).tolist(), strict=True))
+        for _ in range(depth):
+            if hi - lo <= 1:
+                break
+            mid = (lo + hi) // 2
+            n = max(kept, alarms[mid])
+            if n <= allowed:
+                hi, kept = mid, n
+            else:
+                lo = mid
     return (float(between[hi]) if hi < between.size else within), kept
 
 
-def _candidates(*scores: np.ndarray, block: int = 1 << 20) -> np.ndarray:
+def _bisection_probes(lo: int, hi: int, depth: int) -> list[int]:
+    """The midpoints a bisection of ``(lo, hi)`` may try in its next ``depth`` steps."""
+    if depth == 0 or hi - lo <= 1:
+        return []
+    mid = (lo + hi) // 2
+    return [mid, *_bisection_probes(lo, mid, depth - 1), *_bisection_probes(mid, hi, depth - 1)]
+
+
+def candidates_of(*scores: np.ndarray, block: int = 1 << 20) -> np.ndarray:
     """Thresholds to try over the rows of every array of ``scores``, from the top score down
     (:func:`candidates_of_sorted` of a sorted copy of them all)."""
     ordered = np.concatenate(scores)

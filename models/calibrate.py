@@ -5,7 +5,7 @@ Not the probability's calibration (the Platt map stays as trained): a model trai
 cluster meets other workloads, other counter backgrounds and other harmless transients on
 another, and its threshold spends its false-alarm budget differently there. The operator scores
 the new cluster's recent telemetry with the model and sets the threshold by the rule training
-uses (:meth:`foreshock.models.alerting.EvalRows.threshold_for_budget`: the lowest threshold at
+uses (:func:`foreshock.models.alerting.budget_threshold`: the lowest threshold at
 and above which an upper confidence bound on false-alarm episodes stays within the budget):
 
 - **unlabelled** telemetry (no failure recorded in its node events, or ``use_labels=False``):
@@ -20,15 +20,18 @@ like with like). The model records where its threshold came from (``threshold_so
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from foreshock.models.alerting import BUDGET_CONFIDENCE, BudgetChoice, EvalRows
+from foreshock.models.alerting import BUDGET_CONFIDENCE, DAY_MS, BudgetChoice, budget_threshold
 from foreshock.models.artifact import RiskModel
-from foreshock.models.evaluate import PREDICTORS, clear_ms_of, scorers_of
-from foreshock.models.frame import LabelledData
+from foreshock.models.evaluate import PREDICTORS, clear_ms_of, spill_scores
+from foreshock.models.frame import LabelledData, LabelledStream
+from foreshock.models.scored import ScoredRows, ScoreSpill
 
 __all__ = ["Calibration", "calibrate"]
 
@@ -49,41 +52,51 @@ class Calibration:
 
 def calibrate(
     model: RiskModel,
-    data: LabelledData,
+    data: LabelledData | LabelledStream,
     budget_per_1000_node_days: float,
     *,
     confidence: float = BUDGET_CONFIDENCE,
     use_labels: bool = True,
     dataset: str = "",
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> Calibration:
     """Set ``model``'s and its baselines' thresholds for the budget on ``data``'s rows (named
     ``dataset`` in the record). Raises ``ValueError`` when ``data`` was computed with another
-    feature set than the model's."""
+    feature set than the model's.
+
+    The rows are scored a chunk at a time and wait on disk, under ``TMPDIR``, a node group at a
+    time (:mod:`foreshock.models.scored`), as :func:`~foreshock.models.evaluate.evaluate`'s do:
+    a cluster's month calibrates in the memory of a day's."""
     if data.feature_set_hash != model.feature_set_hash:
         raise ValueError(f"model was trained on feature set {model.feature_set_hash}, "
                          f"the calibration data has {data.feature_set_hash}")
-    frame = data.frame
-    labelled = use_labels and bool(frame["label"].any())
-    if not labelled:
-        frame = frame.assign(label=np.zeros(len(frame), dtype=np.int8))
-    frame = frame.sort_values(["node", "ts"], kind="stable")  # EvalRows' order
-    scores = data.scores(frame, scorers_of(model))
-    rows = EvalRows(frame, data.cadence_ms, clear_ms_of(model))
-    choices = {
-        p: rows.threshold_for_budget(scores[p], budget_per_1000_node_days, confidence) for p in PREDICTORS
-    }
+    with tempfile.TemporaryDirectory(prefix="foreshock-scored-") as folder:
+        spill = ScoreSpill(folder, PREDICTORS, clear_ms_of(model))
+        spill_scores(model, data, spill, use_labels=use_labels, progress=progress, title="calibrate: scoring")
+        scored = spill.seal(data.cadence_ms, [""])[""]
+        choices = {p: _budget_choice(scored, p, budget_per_1000_node_days, confidence) for p in PREDICTORS}
+        threshold = choices["model"].threshold
+        failures = alerting = 0
+        for rows, score in scored.parts("model"):
+            failures += len(rows.failures)
+            alerting += int(np.count_nonzero(score >= threshold))
     baselines = {name: {**model.baselines[name], "threshold": choices[name].threshold}
                  for name in ("rules", "logistic")}
     source = {
         "kind": "calibrate",
-        "labelled": labelled,
-        "failures_excluded": len(rows.failures),
+        "labelled": failures > 0,  # without labels, or with none recorded, every episode is counted
+        "failures_excluded": failures,
         "dataset": dataset,
         "dataset_fingerprint": data.fingerprint,
         "from_version": model.version,
         "previous_threshold": model.threshold,
         **choices["model"].to_json(),
     }
-    threshold = choices["model"].threshold
-    alerting = int(np.count_nonzero(scores["model"] >= threshold))
     return Calibration(model.with_threshold(threshold, baselines, source), source, choices, alerting)
+
+
+def _budget_choice(scored: ScoredRows, predictor: str, budget: float, confidence: float) -> BudgetChoice:
+    """The budget threshold of ``predictor``'s scores on ``scored``'s rows, judged a node group at
+    a time."""
+    return budget_threshold(lambda: scored.parts(predictor), scored.candidates(predictor),
+                            scored.rows * scored.cadence_ms / DAY_MS, budget, confidence, scored.window)

@@ -44,8 +44,7 @@ from foreshock.models.frame import (
 from foreshock.models.scored import ScoredRows, ScoreSpill, SpilledScores
 
 __all__ = ["PREDICTORS", "SharedLogOdds", "predictor_metrics", "rule_block_scores", "scores_of", "scorers_of",
-           "thresholds_of", "budget_of",
-           "clear_ms_of", "evaluate", "write_outputs"]
+           "spill_scores", "thresholds_of", "budget_of", "clear_ms_of", "evaluate", "write_outputs"]
 
 PREDICTORS = ("model", "rules", "logistic")
 
@@ -262,10 +261,8 @@ def _score_dataset(
     pool_size: int,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> _Scored:
-    """Score one dataset, a chunk (32 Ki rows of its feature table) at a time, and write to
-    ``spill`` what the metrics read: the columns ``EvalRows`` reads with each predictor's score
-    beside them. Its share of the SHAP sample is ``SHAP_ROWS / pool_size`` rows, drawn from every
-    chunk."""
+    """Score one dataset into ``spill`` (:func:`spill_scores`). Its share of the SHAP sample is
+    ``SHAP_ROWS / pool_size`` rows, drawn from every chunk."""
     from foreshock.models.plots import SHAP_ROWS
 
     if labelled.feature_set_hash != model.feature_set_hash:
@@ -274,18 +271,40 @@ def _score_dataset(
             f"dataset {name} has {labelled.feature_set_hash}"
         )
     sample = _Sample(SHAP_ROWS // pool_size)
+    spill_scores(model, labelled, spill, name, each=lambda chunk: sample.add(chunk.x, model.feature_names),
+                 progress=progress, title=f"evaluate: {name}")
+    manifest = {k: labelled.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")}
+    return _Scored(sample.rows(), {"name": name, **manifest, "fingerprint": labelled.fingerprint})
+
+
+def spill_scores(
+    model: RiskModel,
+    labelled: LabelledData | LabelledStream,
+    spill: ScoreSpill,
+    dataset: str = "",
+    *,
+    use_labels: bool = True,
+    each: Callable[[FeatureBlock], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    title: str = "scoring",
+) -> None:
+    """Score ``labelled`` with the model and its baselines, a chunk (32 Ki rows of its feature
+    table) at a time, and write to ``spill`` what the metrics read: the columns ``EvalRows``
+    reads with each predictor's score beside them, as rows of ``dataset``. Without ``use_labels``
+    every row is written as a negative. ``each`` sees every chunk once it is written."""
     scorers = scorers_of(model)
     for i, chunk in enumerate(labelled.chunks(), start=1):
         rows = chunk.rows
+        if not use_labels:
+            rows = rows.assign(label=np.zeros(len(rows), dtype=np.int8))
         spill.add(rows[[c for c in EVAL_COLUMNS if c in rows]].assign(
             after_return=after_return(rows), **scores_in_blocks(chunk, scorers)
-        ), dataset=name)
-        sample.add(chunk.x, model.feature_names)
+        ), dataset=dataset)
+        if each is not None:
+            each(chunk)
         del chunk, rows
         if progress is not None:
-            progress(f"evaluate: {name}", i, labelled.chunk_count)
-    manifest = {k: labelled.manifest.get(k) for k in ("profile", "nodes", "seed", "start_ms", "end_ms")}
-    return _Scored(sample.rows(), {"name": name, **manifest, "fingerprint": labelled.fingerprint})
+            progress(title, i, labelled.chunk_count)
 
 
 class _Sample:

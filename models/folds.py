@@ -31,7 +31,14 @@ import numpy as np
 import pandas as pd
 
 from foreshock.features.table import release_freed_memory
-from foreshock.models.alerting import EVAL_COLUMNS, BudgetChoice, EvalRows, budget_threshold
+from foreshock.models.alerting import (
+    DAY_MS,
+    EVAL_COLUMNS,
+    BudgetChoice,
+    EvalRows,
+    budget_threshold,
+    candidates_of,
+)
 from foreshock.models.frame import compact_rows, concat_compact
 
 __all__ = ["FOLDS", "Fold", "ScoredFold", "time_folds", "training_blocks", "fold_outside", "out_of_fold",
@@ -160,7 +167,10 @@ def choose_thresholds(
 ) -> dict[str, BudgetChoice]:
     """Each predictor's budget threshold on the folds pooled, each fold's episodes counted apart
     (:func:`~foreshock.models.alerting.budget_threshold` judges them part by part)."""
+    node_days = sum(len(f.rows.frame) * f.rows.cadence_ms for f in scored) / DAY_MS
     return {
-        p: budget_threshold([(f.rows, f.scores[p]) for f in scored], budget_per_1000_node_days, confidence)
+        p: budget_threshold(lambda p=p: [(f.rows, f.scores[p]) for f in scored],
+                            candidates_of(*(f.scores[p] for f in scored)), node_days,
+                            budget_per_1000_node_days, confidence)
         for p in scored[0].scores
     }

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from foreshock.commands.train import FEATURES_HELP
+
 __all__ = ["register"]
 
 
@@ -48,13 +50,15 @@ def calibrate(
         None, "--out", help="also write the calibrated model (OUT/model) and OUT/calibration.json"
     ),
     dask: str = typer.Option(None, "--dask", help="Dask scheduler address: compute features there"),
+    features: Path = typer.Option(None, "--features", exists=True, file_okay=False, help=FEATURES_HELP),
 ) -> None:
     """Set the model's alert threshold for a false-alarm budget on a new cluster's telemetry, without
     retraining, and register it as a new model version that records where its threshold came from."""
+    from foreshock.commands.progress import progress_bars
     from foreshock.ingest.dataset import DatasetError
     from foreshock.models.artifact import RiskModel
     from foreshock.models.calibrate import calibrate as run_calibration
-    from foreshock.models.frame import build_labelled
+    from foreshock.models.frame import open_labelled
     from foreshock.models.registry import register_calibrated, sqlite_uri
 
     if alias and no_register:
@@ -63,10 +67,14 @@ def calibrate(
     try:
         trained = RiskModel.load(model, tracking_uri=tracking_uri)
         cadence_ms = int(trained.metrics.get("training", {}).get("cadence_ms", 60_000))
-        labelled = build_labelled(data, trained.horizon_minutes * 60_000, cadence_ms, dask_address=dask)
-        result = run_calibration(trained, labelled, budget, confidence=confidence, use_labels=not unlabelled,
-                                 dataset=str(data.resolve()))
-    except (DatasetError, FileNotFoundError, ValueError) as exc:
+        with progress_bars() as progress:
+            labelled = open_labelled(data, trained.horizon_minutes * 60_000, cadence_ms, table=features,
+                                     dask_address=dask, progress=progress)
+            result = run_calibration(
+                trained, labelled, budget, confidence=confidence, use_labels=not unlabelled,
+                dataset=str(data.resolve()), progress=progress,
+            )
+    except (DatasetError, FileNotFoundError, ValueError) as exc:  # a feature table's errors among them
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     for line in _summary(result, data):

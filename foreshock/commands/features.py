@@ -19,7 +19,8 @@ def features(
     out: Path = typer.Option(
         ...,
         help="Feature table folder to write: parquet partitions by node group and day, and table.json "
-        "(feature-set hash, cadence, dataset fingerprint). train and evaluate read it with --features.",
+        "(feature-set hash, cadence, dataset fingerprint). train, evaluate and calibrate read it with "
+        "--features.",
     ),
     dask: str = typer.Option(
         None,

@@ -12,7 +12,7 @@ import typer
 from foreshock.commands.durations import Duration, duration_option
 
 _TRACKING_HELP = "MLflow tracking URI (default: sqlite:///<data dir>/mlflow.db)"
-_FEATURES_HELP = (
+FEATURES_HELP = (
     "feature table folder (foreshock features --out) computed from --data; default: the dataset's "
     "feature cache (<data dir>/feature-cache/), computed on first use"
 )
@@ -76,7 +76,7 @@ def train(
     no_register: bool = typer.Option(False, "--no-register", help="skip MLflow logging and registration"),
     seed: int = typer.Option(0, "--seed", help="seed of subsampling and LightGBM: same seed, same model"),
     features: Path = typer.Option(
-        None, "--features", exists=True, file_okay=False, help=_FEATURES_HELP
+        None, "--features", exists=True, file_okay=False, help=FEATURES_HELP
     ),
     negative_rate: float = typer.Option(
         1.0,
@@ -145,7 +145,7 @@ def evaluate(
     ),
     features: list[Path] = typer.Option(
         None, "--features", exists=True, file_okay=False,
-        help=_FEATURES_HELP + "; repeat it, once per --data and in the same order",
+        help=FEATURES_HELP + "; repeat it, once per --data and in the same order",
     ),
 ) -> None:
     """Evaluate a trained model and its baselines on another dataset (or a pool of them)."""

@@ -144,22 +144,30 @@ def test_budget_threshold_does_not_step_into_a_pocket():
     assert (choice.threshold, choice.false_alarms) == (0.8, 3)
 
 
+def _rank_spaced_alarms() -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Fifty nodes x one day of rows, scores under 0.5 but for twelve two-hour false alarms, node
+    i's at minutes 600..719, rising through 120 distinct scores to its peak (the third array,
+    highest first) at its last row."""
+    rng = np.random.default_rng(3)
+    frame = pd.DataFrame({"node": np.repeat([f"n{i:02d}" for i in range(50)], 1440),
+                          "ts": np.tile(np.arange(1440) * MIN, 50), "label": 0, "failure_ts": pd.NA,
+                          "cause": None, "detectable": None})
+    score = rng.random(len(frame)) * 0.5
+    peaks = np.sort(rng.uniform(0.6, 0.99, 12))[::-1]
+    for i, peak in enumerate(peaks):
+        score[i * 1440 + 600: i * 1440 + 720] = np.linspace(0.55, peak, 120)
+    return frame, score, peaks
+
+
 def test_budget_threshold_finds_the_lowest_score_between_rank_spaced_candidates():
     """Fifty nodes x one day with a background under 0.5 and twelve two-hour false alarms, each
     rising through 120 distinct scores: deep in 72,000 distinct scores the candidates are
     rank-spaced, and the threshold is still the lowest score that keeps the five alarms the budget
     affords."""
-    from foreshock.models.alerting import _candidates
+    from foreshock.models.alerting import candidates_of
 
-    rng = np.random.default_rng(3)
-    frame = pd.DataFrame({"node": np.repeat([f"n{i:02d}" for i in range(50)], 1440),
-                          "ts": np.tile(np.arange(1440) * MIN, 50), "label": 0, "failure_ts": pd.NA,
-                          "cause": None, "detectable": None})
+    frame, score, peaks = _rank_spaced_alarms()
     rows = EvalRows(frame, MIN, 30 * MIN)
-    score = rng.random(len(frame)) * 0.5
-    peaks = np.sort(rng.uniform(0.6, 0.99, 12))[::-1]
-    for i, peak in enumerate(peaks):  # node i's alarm at minutes 600..719, peaking at its last row
-        score[i * 1440 + 600: i * 1440 + 720] = np.linspace(0.55, peak, 120)
     # 200 per 1,000 node-days on 50 node-days affords a mean of 10: the 90 % bound of 5 alarms is
     # 9.27, of 6 is 10.53. Any threshold over the sixth peak and up to the fifth keeps five.
     choice = rows.threshold_for_budget(score, 200.0, confidence=0.9)
@@ -167,23 +175,57 @@ def test_budget_threshold_finds_the_lowest_score_between_rank_spaced_candidates(
     assert (choice.threshold, choice.false_alarms, choice.certified) == (lowest, 5, True)
     assert rows.episodes(score >= choice.threshold)[1] == 5
     assert rows.episodes(score >= peaks[5])[1] == 6
-    assert lowest not in _candidates(score)  # the rank-spaced candidates alone would stop higher
+    assert lowest not in candidates_of(score)  # the rank-spaced candidates alone would stop higher
+
+
+def _judged_in_parts(parts, budget, window=1):
+    from foreshock.models.alerting import budget_threshold, candidates_of
+
+    node_days = sum(rows.node_days for rows, _ in parts)
+    return budget_threshold(lambda: parts, candidates_of(*(s for _, s in parts)), node_days, budget,
+                            confidence=0.9, window=window)
 
 
 def test_parts_judged_together_give_the_threshold_of_their_rows_pooled():
-    from foreshock.models.alerting import budget_threshold
-
     rows, score = _cluster(SPIKES, pocket=0.85, caught_at=0.62)
     frame = rows.frame.assign(score=score)
     halves = [frame[frame["node"].isin(nodes)].reset_index(drop=True)
               for nodes in (["n0", "n1", "n2"], [f"n{i}" for i in range(3, 10)])]
     parts = [(EvalRows(h, MIN, 30 * MIN), h["score"].to_numpy()) for h in halves]
     for budget in (100.0, 500.0, 700.0, 1000.0):
-        together = budget_threshold(parts, budget, confidence=0.9)
+        together = _judged_in_parts(parts, budget)
         assert together == rows.threshold_for_budget(score, budget, confidence=0.9)
-    assert budget_threshold(parts, 700.0, confidence=0.9).false_alarms == 3
+        assert _judged_in_parts(parts, budget, window=4) == together
+    assert _judged_in_parts(parts, 700.0).false_alarms == 3
     # alone, the first part's rows (3 node-days, two spikes) afford no alarm at that budget
-    assert budget_threshold(parts[:1], 700.0, confidence=0.9).false_alarms == 0
+    assert _judged_in_parts(parts[:1], 700.0).false_alarms == 0
+
+
+def test_thresholds_judged_many_a_pass_choose_as_one_a_pass_does_in_fewer_passes():
+    """The rank-spaced alarms of the test above, their rows in five parts read anew for every pass
+    (as spilled node groups are): a window of thresholds per pass, candidates and the bisection's
+    next steps alike, chooses the threshold of one at a time."""
+    from foreshock.models.alerting import budget_threshold, candidates_of
+
+    frame, score, _ = _rank_spaced_alarms()
+    parts = [(EvalRows(frame.iloc[lo:lo + 14_400].reset_index(drop=True), MIN, 30 * MIN),
+              score[lo:lo + 14_400]) for lo in range(0, len(frame), 14_400)]
+    passes = []
+
+    def choose(window: int):
+        passes.append(0)
+
+        def handed_out():
+            passes[-1] += 1
+            return iter(parts)
+
+        return budget_threshold(handed_out, candidates_of(score), 50.0, 200.0, confidence=0.9, window=window)
+
+    one = choose(1)
+    assert (one.false_alarms, one.certified) == (5, True)
+    for window in (2, 7, 31, 32):
+        assert choose(window) == one
+    assert passes[0] > 2 * passes[3] > 0
 
 
 def test_too_few_node_days_to_certify_the_budget_keep_no_false_alarm():
@@ -265,7 +307,7 @@ def test_consecutive_rows_stay_one_episode_even_with_no_clearing_time():
 
 @pytest.mark.parametrize("block", [7, 1 << 20])
 def test_candidate_thresholds_are_the_rank_spaced_distinct_scores_read_in_blocks(block):
-    from foreshock.models.alerting import _candidates
+    from foreshock.models.alerting import candidates_of
 
     rng = np.random.default_rng(0)
     for score in (rng.random(100), np.round(rng.random(10_000), 3), rng.random(50_000),
@@ -273,7 +315,7 @@ def test_candidate_thresholds_are_the_rank_spaced_distinct_scores_read_in_blocks
         desc = np.unique(score)[::-1]
         ranks = np.unique(np.geomspace(1, desc.size, 400).astype(int))
         expected = desc if desc.size <= 400 else desc[ranks - 1]
-        np.testing.assert_array_equal(_candidates(score, block=block), expected)
+        np.testing.assert_array_equal(candidates_of(score, block=block), expected)
 
 
 def test_stretches_read_a_block_at_a_time_break_at_each_new_node_and_gap():

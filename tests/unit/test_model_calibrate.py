@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from foreshock.commands.calibrate import _summary
 from foreshock.models.alerting import EvalRows, poisson_upper_bound
 from foreshock.models.artifact import RiskModel
 from foreshock.models.calibrate import calibrate
-from foreshock.models.evaluate import budget_of, clear_ms_of, evaluate
+from foreshock.models.evaluate import PREDICTORS, budget_of, clear_ms_of, evaluate, scorers_of
 from foreshock.models.frame import build_labelled
 from foreshock.models.report import threshold_text
 from foreshock.models.train import train_from_dataset
@@ -59,6 +60,33 @@ def test_labels_exclude_the_true_alerts_so_the_threshold_can_only_fall(model, ot
     alerting = calibrate(model, other, BUDGET)
     assert alerting.alerting_rows == int(alerting.model.alerts(other.frame).sum()) > 0
     assert not [line for line in _summary(alerting, Path("other")) if "alerts on none" in line]
+
+
+@pytest.mark.parametrize("use_labels", [True, False])
+def test_rows_judged_a_node_group_at_a_time_choose_the_thresholds_of_every_row_held_at_once(
+        model, other, monkeypatch, tmp_path, use_labels):
+    """Groups of 3 nodes on disk, judged many thresholds a pass: each predictor's choice is the one
+    of the rows held in memory and judged one threshold at a time, and calibration leaves nothing
+    in ``TMPDIR``."""
+    import foreshock.models.scored
+
+    monkeypatch.setattr(foreshock.models.scored, "GROUP_NODES", 3)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # read TMPDIR again
+    try:
+        result = calibrate(model, other, BUDGET, use_labels=use_labels)
+    finally:
+        tempfile.tempdir = None
+    assert list(tmp_path.iterdir()) == []
+    frame = other.frame.sort_values(["node", "ts"], kind="stable")
+    if not use_labels:
+        frame = frame.assign(label=0)
+    rows = EvalRows(frame, other.cadence_ms, clear_ms_of(model))
+    scores = other.scores(frame, scorers_of(model))
+    for p in PREDICTORS:
+        assert result.choices[p] == rows.threshold_for_budget(scores[p], BUDGET, 0.9)
+    assert result.source["failures_excluded"] == len(rows.failures)
+    assert result.alerting_rows == int(np.count_nonzero(scores["model"] >= result.model.threshold))
 
 
 def test_thresholds_near_1_are_printed_apart_from_1():

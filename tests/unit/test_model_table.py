@@ -1,5 +1,6 @@
-"""Training and evaluation read the feature table: ``foreshock features`` then ``train --features``
-and ``evaluate --features`` give the metrics of the features computed in memory; without the flag
+"""Training, evaluation and calibration read the feature table: ``foreshock features`` then
+``train --features``, ``evaluate --features`` and ``calibrate --features`` give the figures of the
+features computed in memory; without the flag
 the features are computed once into the dataset's cache and reused; a table made from anything
 else is refused. Thinning the far negatives keeps every row that matters and weights the rest."""
 
@@ -28,6 +29,7 @@ from foreshock.features.batch import compute_features, write_feature_table
 from foreshock.features.table import FeatureTableError
 from foreshock.models.artifact import RiskModel
 from foreshock.models.baselines import LogisticBaseline, rule_scores
+from foreshock.models.calibrate import calibrate
 from foreshock.models.evaluate import evaluate
 from foreshock.models.folds import time_folds
 from foreshock.models.frame import (
@@ -137,6 +139,24 @@ def test_train_and_evaluate_on_the_table_give_the_in_memory_metrics(
                                       "--features", str(tables["other"])])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text()) == json.loads(json.dumps(in_memory))
+
+
+def test_calibrate_on_the_table_sets_the_threshold_of_the_in_memory_rows_and_refuses_another(
+    cluster, other, tables, trained_in_memory, tmp_path
+):
+    model = RiskModel.load(trained_in_memory / "model")
+    labelled = build_labelled(other.data_dir, model.horizon_minutes * 60_000,
+                              features=compute_features(other.data_dir), feature_set=FS)
+    want = calibrate(model, labelled, 100.0, dataset=str(other.data_dir.resolve())).source
+    argv = ["calibrate", "--model", str(trained_in_memory), "--data", str(other.data_dir), "--budget", "100",
+            "--no-register", "--out", str(tmp_path / "calibrated")]
+    result = CliRunner().invoke(app, [*argv, "--features", str(tables["other"])])
+    assert result.exit_code == 0, result.output
+    got = json.loads((tmp_path / "calibrated" / "calibration.json").read_text())["source"]
+    assert got == json.loads(json.dumps(want)) and got["failures_excluded"] > 0
+    result = CliRunner().invoke(app, [*argv, "--features", str(tables["cluster"])])
+    assert result.exit_code == 2, result.output
+    assert "does not match" in result.output and "dataset_fingerprint" in result.output
 
 
 def test_evaluate_scores_from_disk_shows_each_phase_and_leaves_no_scratch(
