@@ -623,10 +623,10 @@ def open_labelled(
 ) -> LabelledStream:
     """The labelled rows of a dataset folder, a day at a time (see :func:`feature_table` for
     where the features come from)."""
+    manifest = read_manifest(data_dir)  # a folder that is no dataset says so before anything is read
     found = feature_table(
         data_dir, cadence_ms, feature_set, table=table, dask_address=dask_address, progress=progress
     )
-    manifest = read_manifest(data_dir)
     return LabelledStream(Path(data_dir), found, horizon_ms, manifest, found.identity.dataset_fingerprint)
 
 

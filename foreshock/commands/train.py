@@ -19,13 +19,15 @@ FEATURES_HELP = (
 
 
 @contextmanager
-def _table_errors() -> Iterator[None]:
-    """A feature table that does not match, or is not one, is a usage error (exit 2) that says why."""
+def _input_errors() -> Iterator[None]:
+    """A folder that is no dataset, and a feature table that does not match or is not one, are
+    usage errors (exit 2) that say why."""
     from foreshock.features.table import FeatureTableError
+    from foreshock.ingest.dataset import DatasetError
 
     try:
         yield
-    except FeatureTableError as exc:
+    except (DatasetError, FeatureTableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 
@@ -97,7 +99,7 @@ def train(
         raise typer.BadParameter("must be above 0", param_hint="--negative-rate")
     if horizon.ms < 60_000 or horizon.ms % 60_000:
         raise typer.BadParameter(f"{horizon} is not a whole number of minutes", param_hint="--horizon")
-    with _table_errors(), progress_bars() as progress:
+    with _input_errors(), progress_bars() as progress:
         model = train_from_dataset(
             data,
             out,
@@ -157,7 +159,7 @@ def evaluate(
 
     risk_model = RiskModel.load(model, tracking_uri=tracking_uri or sqlite_uri(data[0]))
     cadence_ms = cadence.ms if cadence else None
-    with _table_errors(), progress_bars() as progress:
+    with _input_errors(), progress_bars() as progress:
         metrics = run_evaluation(
             risk_model, data, out, dask_address=dask, cadence_ms=cadence_ms, tables=features or None,
             progress=progress,

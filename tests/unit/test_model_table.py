@@ -310,6 +310,19 @@ def test_a_table_of_another_dataset_or_cadence_is_an_error(cluster, other, table
         assert not (out / "metrics.json").exists()
 
 
+def test_a_folder_that_is_no_dataset_is_a_clear_error(trained_in_memory, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for argv in (["train", "--data", str(empty), "--out", str(tmp_path / "t"), "--no-register"],
+                 ["evaluate", "--model", str(trained_in_memory), "--data", str(empty), "--out",
+                  str(tmp_path / "e")],
+                 ["calibrate", "--model", str(trained_in_memory), "--data", str(empty), "--budget", "1",
+                  "--no-register"]):
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 2, result.output
+        assert f"error: {empty} is not a dataset: no manifest.json" in result.output
+
+
 def test_thinning_keeps_what_matters_and_weights_the_far_negatives(cluster, monkeypatch):
     frame = build_labelled(cluster.data_dir, HOUR, features=cluster.features).frame
     thinned = thin_far_negatives(frame, 0.25, seed=4)
