@@ -62,6 +62,7 @@ class HeldScores:
     eval_rows: EvalRows
     scores: dict[str, np.ndarray]
     window: int = 1
+    _rankings: dict[str, Ranking] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def cadence_ms(self) -> int:
@@ -78,7 +79,9 @@ class HeldScores:
     def ranking(self, predictor: str) -> Ranking | None:
         if not 0 < self.positives < self.rows:
             return None
-        return Ranking.of(self.eval_rows.label, self.scores[predictor])
+        if predictor not in self._rankings:  # the metrics and the plots both read it
+            self._rankings[predictor] = Ranking.of(self.eval_rows.label, self.scores[predictor])
+        return self._rankings[predictor]
 
     def candidates(self, predictor: str) -> np.ndarray:
         return candidates_of_sorted(np.sort(self.scores[predictor]))

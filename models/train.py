@@ -122,6 +122,7 @@ __all__ = [
     "booster_rows",
     "fit_booster",
     "fit_with_prior",
+    "fit_logistic_baseline",
     "PriorChoice",
     "log_odds",
     "fold_models",
@@ -724,7 +725,7 @@ def fit(
             raise ValueError(f"the {name} period holds no failure: use more nodes or days, or a higher rate")
     rows = booster_rows(train, censor_ms=censor_ms, negative_rate=negative_rate, seed=seed)
     used, represented = len(rows), _represented(rows)
-    logistic = _fit_logistic(data, _logistic_rows([(train, None)], seed), seed)
+    logistic = fit_logistic_baseline(data, train, seed)
     fold_list = time_folds(train, val, folds)
     with tempfile.TemporaryDirectory(prefix="foreshock-folds-") as folder:
         # the fold models' blocks of the training rows wait on disk, each read back when its fold
@@ -900,6 +901,12 @@ def _places_of_zeros(label: np.ndarray, block: int = 1 << 24) -> np.ndarray:
     return out
 
 
+def fit_logistic_baseline(data: LabelledData, train: pd.DataFrame, seed: int) -> LogisticBaseline:
+    """The logistic baseline of the training rows ``train`` (rows of ``data``): its own best
+    sample of them (:func:`_logistic_rows`), the model's prior."""
+    return _fit_logistic(data, _logistic_rows([(train, None)], seed), seed)
+
+
 def _fit_logistic(data: LabelledData, rows: pd.DataFrame, seed: int) -> LogisticBaseline:
     """The logistic baseline fitted on ``rows`` of ``data`` (:func:`_logistic_rows`), reading the
     features of the rows it fits on alone (:meth:`LogisticBaseline.rows_fitted`)."""
@@ -952,7 +959,7 @@ def fold_models(
 
 def score_parts(
     data: LabelledData, fitted: Fitted, parts: dict[str, pd.DataFrame], cadence_ms: int, clear_ms: int
-) -> dict[str, tuple[EvalRows, dict]]:
+) -> dict[str, HeldScores]:
     """Every predictor's scores on validation, test and the held-out nodes' test rows (rows of
     ``data``), a table partition at a time; on validation, the scores :func:`fit` kept
     (:attr:`Fitted.val_scores`, taken out of ``fitted``). Each part's rows keep their place in
@@ -960,7 +967,7 @@ def score_parts(
     (node, ts) order with its scores a column at a time (:func:`concat_compact`), never held
     twice."""
     scorers = scorers_of(fitted.model, fitted.logistic)
-    evaluated: dict[str, tuple[EvalRows, dict]] = {}
+    evaluated: dict[str, HeldScores] = {}
     for part in ("test", "val", "test_unseen_nodes"):
         frame = parts.pop(part)
         if part == "val" and fitted.val_scores:
@@ -972,14 +979,14 @@ def score_parts(
         held = [pd.DataFrame(columns, copy=False)]
         del frame, columns, scores
         rows = EvalRows(concat_compact(held, by_node_ts=True), cadence_ms, clear_ms)
-        evaluated[part] = (rows, {p: rows.frame[f"_score_{p}"].to_numpy() for p in PREDICTORS})
+        evaluated[part] = HeldScores(rows, {p: rows.frame[f"_score_{p}"].to_numpy() for p in PREDICTORS})
     return evaluated
 
 
 def training_metrics(
     data: LabelledData,
     fitted: Fitted,
-    evaluated: dict[str, tuple[EvalRows, dict]],
+    evaluated: dict[str, HeldScores],
     split: Any,
     rows_per_part: dict[str, int],
     *,
@@ -994,10 +1001,9 @@ def training_metrics(
     metrics: dict[str, Any] = {}
     for p in PREDICTORS:
         per_part = {
-            part: predictor_metrics(HeldScores(rows, scores), p, fitted.thresholds[p],
-                                    budget_per_1000_node_days)
-            for part, (rows, scores) in evaluated.items()
-            if len(rows.frame)
+            part: predictor_metrics(held, p, fitted.thresholds[p], budget_per_1000_node_days)
+            for part, held in evaluated.items()
+            if held.rows
         }
         metrics[p] = {**per_part["test"], "by_split": {k: v for k, v in per_part.items() if k != "test"}}
     candidates = fitted.candidates
@@ -1072,7 +1078,7 @@ def train_on(
     folds: int = FOLDS,
     budget_confidence: float = BUDGET_CONFIDENCE,
     negative_rate: float = 1.0,
-) -> tuple[RiskModel, dict[str, Any], dict[str, tuple[EvalRows, dict]]]:
+) -> tuple[RiskModel, dict[str, Any], dict[str, HeldScores]]:
     """Split, :func:`fit`, score every part and assemble the metrics. Returns the model (its
     ``metrics`` holding :func:`model_card`), the metrics (``metrics.json`` content) and, per
     evaluated part, its rows and every predictor's scores.
@@ -1211,7 +1217,7 @@ def train_from_dataset(
         from foreshock.models.registry import log_and_register, sqlite_uri
 
         tracking_uri = tracking_uri or sqlite_uri(data_dir)
-        test_rows = evaluated["test"][0]
+        test_rows = evaluated["test"].eval_rows
         test = test_rows.frame.set_index(ROW)
         registration = log_and_register(
             model,
@@ -1243,9 +1249,8 @@ def train_from_dataset(
             "previous_champion": registration.previous_champion,
         }
     model.save(out_dir / "model")
-    written = write_outputs(out_dir, metrics, {part: HeldScores(*held) for part, held in evaluated.items()},
-                            model, title="Risk model training",
-                            shap_frame=_shap_rows(data, evaluated["test"][0]))
+    written = write_outputs(out_dir, metrics, evaluated, model, title="Risk model training",
+                            shap_frame=_shap_rows(data, evaluated["test"].eval_rows))
     if register:
         from foreshock.models.registry import log_artifacts
 

@@ -82,6 +82,8 @@ def test_rows_spilled_by_node_group_give_the_figures_of_every_row_held_at_once(
         assert got == want, p
         assert got["caught"] >= 2 and got["false_alarms"] >= 1  # leads to order, alarms to count
         assert got["median_lead_minutes_ci95"] is not None  # drawn by position: the failures' order
+        for scored in (spilled, held):  # ranked once: the metrics and the plots both read it
+            assert scored.ranking(p) is scored.ranking(p)
 
 
 def test_datasets_spilled_together_keep_their_nodes_apart_and_their_own_figures(tmp_path):

@@ -368,7 +368,7 @@ def test_validation_scores_are_those_the_trained_model_and_baselines_give(cluste
     scores the saved model, the rules and the logistic baseline give those rows."""
     data = build_labelled(cluster.data_dir, HOUR, table=tables["cluster"])
     model, _, evaluated = train_on(data, negative_rate=0.5)
-    rows, scores = evaluated["val"]
+    rows, scores = evaluated["val"].eval_rows, evaluated["val"].scores
     val = rows.frame.set_index(ROW)
     logistic = LogisticBaseline.from_json(model.baselines["logistic"])
     again = data.scores(val, {"model": lambda block: model.predict_proba(block.x),

@@ -571,14 +571,14 @@ def test_validation_scores_fit_kept_are_placed_with_their_rows_not_scored_again(
     logistic = SimpleNamespace(log_odds=lambda x: x[:, 0], probability=lambda lo: 1 - lo)
     fitted = Fitted(model, logistic, {}, [], {}, {}, 0, 0, dict(kept))
     evaluated = score_parts(data, fitted, parts, minute, 0)
-    rows, scores = evaluated["val"]
+    rows, scores = evaluated["val"].eval_rows, evaluated["val"].scores
     a = rows.frame["a"].to_numpy()
     assert not np.array_equal(a, val["a"].to_numpy())  # sorted into (node, ts) order
     np.testing.assert_array_equal(scores["model"], 2 * a)
     np.testing.assert_array_equal(scores["rules"], a + 5)
     np.testing.assert_array_equal(scores["logistic"], -a)
     assert fitted.val_scores == {}  # taken out, not held beside the sorted copy
-    test_rows, test_scores = evaluated["test"]
+    test_rows, test_scores = evaluated["test"].eval_rows, evaluated["test"].scores
     np.testing.assert_array_equal(test_scores["model"], test_rows.frame["a"].to_numpy())
     np.testing.assert_array_equal(test_scores["logistic"], 1 - test_rows.frame["a"].to_numpy())
 
