@@ -38,7 +38,7 @@ Recipe (each step on the time split of :mod:`foreshock.models.splits`, nothing s
    episodes clear after 30 quiet minutes): on the validation period and ``folds - 1`` blocks of
    the training period, each scored by a model that never saw it (:mod:`foreshock.models.folds`),
    the lowest threshold at and above which a 90 % upper bound on the rate of false-alarm
-   episodes stays within the budget (:meth:`foreshock.models.alerting.EvalRows.threshold_for_budget`).
+   episodes stays within the budget (:func:`foreshock.models.alerting.budget_threshold`).
    The same procedure, on the same folds, sets the baselines' thresholds, so every predictor
    spends the same budget.
 5. Metrics of model and baselines on validation, test, and test restricted to held-out nodes.
