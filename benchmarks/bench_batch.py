@@ -1,8 +1,11 @@
-"""Batch training at scale: simulate, features, train and evaluate, with nodes and days varied separately.
+"""Batch training at scale: simulate, features, train, evaluate and calibrate, with nodes and days
+varied separately.
 
 Each stage runs as ``foreshock`` does, in a fresh process pinned to one core (bar ``--full``'s
 features, below), from a dataset the llama3 profile simulates at 60 s with ``--rate-multiplier
-60``: ``features --out TABLE``, then ``train --features TABLE`` and ``evaluate --features TABLE``.
+60``: ``features --out TABLE``, then ``train --features TABLE``, ``evaluate --features TABLE`` and
+``calibrate --features TABLE --budget 1`` (the trained model's threshold set again on the same
+rows, as an operator sets it on a new cluster's).
 For every size and stage it prints wall time, peak RSS (the process's high-water mark) and rows;
 for each series (nodes varied at fixed days, days varied at fixed nodes) the growth exponents of
 time and peak RSS against rows (1 = linear, 0 = flat). Two same-run ratios:
@@ -52,7 +55,7 @@ SIZES = {"nodes": [(32, 2), (64, 2), (128, 2)], "days": [(32, 2), (32, 4), (32, 
 QUICK = {"nodes": [(16, 1), (32, 1)], "days": [(16, 1), (16, 2)]}
 FULL = {"full": [(2048, 30)]}
 GROWTH = {"growth": [(256, 7), (1024, 14)]}
-STAGES = ("simulate", "features", "train", "evaluate")
+STAGES = ("simulate", "features", "train", "evaluate", "calibrate")
 # --full: a fleet's month at the llama3 profile's own failure rate (2,048 nodes are its 16,384 GPUs:
 # 7.8 interruptions a day), trained with the far negatives thinned (the tolerances below bound what
 # thinning changes)
@@ -156,6 +159,12 @@ def _evaluate(model: Path, data: Path, table: Path, out: Path, workdir: Path) ->
     return run_stage("evaluate", argv, workdir)
 
 
+def _calibrate(model: Path, data: Path, table: Path, out: Path, workdir: Path) -> dict[str, Any]:
+    argv = ["calibrate", "--model", str(model), "--data", str(data), "--features", str(table),
+            "--budget", "1", "--no-register", "--out", str(out)]
+    return run_stage("calibrate", argv, workdir)
+
+
 def _cli(command: str) -> Any:
     """The ``foreshock`` CLI with only the module of ``command`` registered (the stage does not
     import the other commands)."""
@@ -163,7 +172,8 @@ def _cli(command: str) -> Any:
 
     app = typer.Typer()
     app.callback()(lambda: None)  # a group, so that the command is named as on the real CLI
-    module = {"simulate": "simulate", "features": "features", "train": "train", "evaluate": "train"}[command]
+    module = {"simulate": "simulate", "features": "features", "train": "train", "evaluate": "train",
+              "calibrate": "calibrate"}[command]
     importlib.import_module(f"foreshock.commands.{module}").register(app)
     return app
 
@@ -180,14 +190,16 @@ def measure_size(
     feature_workers: int = 1,
 ) -> dict[str, Any] | None:
     """simulate, features (on ``feature_workers`` Dask workers when more than one), train,
-    evaluate at one size; each stage's figures go to ``stages.json`` as it ends, and with
+    evaluate, calibrate at one size; each stage's figures go to ``stages.json`` as it ends, and with
     ``resume`` the stages recorded there are not run again. None when it stopped after ``until``,
-    before evaluate."""
+    before calibrate."""
     from foreshock.features.table import FeatureTable
     from foreshock.features.timeslices import gpu_rows
 
     base = workdir / f"{nodes}x{days}-s{seed}"
-    data, table, model, evaluation = (base / p for p in ("data", "table", "model", "evaluation"))
+    data, table, model, evaluation, calibration = (
+        base / p for p in ("data", "table", "model", "evaluation", "calibration")
+    )
     record = base / "stages.json"
     out: dict[str, Any] = {"nodes": nodes, "days": days, "data": str(data)}
     if resume and record.exists():
@@ -216,11 +228,11 @@ def measure_size(
         return sum(v for k, v in metrics["_info"]["rows"].items() if k != "test_unseen_nodes")
 
     stage("train", lambda: _train(data, table, model, workdir, *train_flags), trained_rows)
-    if not stage(
-        "evaluate",
-        lambda: _evaluate(model, data, table, evaluation, workdir),
-        lambda: json.loads((evaluation / "metrics.json").read_text())["model"]["rows"],
-    ):
+    def evaluated_rows() -> int:  # calibrate scores the same rows
+        return json.loads((evaluation / "metrics.json").read_text())["model"]["rows"]
+
+    stage("evaluate", lambda: _evaluate(model, data, table, evaluation, workdir), evaluated_rows)
+    if not stage("calibrate", lambda: _calibrate(model, data, table, calibration, workdir), evaluated_rows):
         return None
     out["gpu_samples"] = out["simulate"]["rows"]
     return out
@@ -302,8 +314,8 @@ def _fmt_stage(s: dict[str, Any]) -> str:
 def report(
     series: dict[str, list[dict[str, Any]]], kernels: dict[str, float], sub: dict[str, Any] | None
 ) -> None:
-    print("| nodes x days | GPU samples | feature rows | simulate | features | train | evaluate |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| nodes x days | GPU samples | feature rows | " + " | ".join(STAGES) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in STAGES) + " |")
     seen = set()
     for runs in series.values():
         for r in runs:
@@ -311,7 +323,7 @@ def report(
                 continue
             seen.add((r["nodes"], r["days"]))
             rows = f"{r['gpu_samples'] / 1e6:.2f} M | {r['features']['rows'] / 1e6:.3f} M"
-            stages = " | ".join(_fmt_stage(r[st]) for st in ("simulate", "features", "train", "evaluate"))
+            stages = " | ".join(_fmt_stage(r[st]) for st in STAGES)
             print(f"| {r['nodes']} x {r['days']} | {rows} | {stages} |")
     for name, runs in series.items():
         if len(runs) < 2:
@@ -319,7 +331,7 @@ def report(
         a, b = runs[0], runs[-1]
         parts = [
             f"{st} time {exponent(a, b, st, 'seconds'):.2f}, RSS {exponent(a, b, st, 'peak_rss'):.2f}"
-            for st in ("simulate", "features", "train", "evaluate")
+            for st in STAGES
         ]
         print(
             f"growth exponents, {name} varied ({a['nodes']}x{a['days']} -> {b['nodes']}x{b['days']}): "
@@ -380,7 +392,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
     parser.add_argument("--resume", action="store_true", help="keep the stages already recorded in --workdir")
     parser.add_argument(
-        "--until", choices=STAGES, default="evaluate", help="stop after this stage (go on with --resume)"
+        "--until", choices=STAGES, default=STAGES[-1], help="stop after this stage (go on with --resume)"
     )
     args = parser.parse_args()
     sizes = FULL if args.full else GROWTH if args.growth else QUICK if args.quick else SIZES
@@ -408,7 +420,7 @@ def main() -> None:
                     f"  {size[0]} x {size[1]} done: "
                     + ", ".join(
                         f"{st} {_fmt_stage(done[size][st])}"
-                        for st in ("simulate", "features", "train", "evaluate")
+                        for st in STAGES
                     ),
                     flush=True,
                 )
