@@ -311,7 +311,10 @@ class _Nodes:
 
 
 class _History:
-    """The bucket statistics of a pass's nodes, as slices add them; old buckets are dropped."""
+    """The bucket statistics of a pass's nodes, a table per slice as slices add them; old buckets
+    are dropped. The tables are never joined into one: a day plus the longest window of a pass's
+    nodes (up to :data:`_PASS_BYTES`) joined was held twice, and a third time in part while its
+    recent buckets were copied out of it."""
 
     def __init__(self) -> None:
         self._parts: list[BucketTable] = []
@@ -320,33 +323,32 @@ class _History:
         if len(table.node):
             self._parts.append(table)
 
-    def _whole(self) -> BucketTable | None:
-        if len(self._parts) > 1:
-            self._parts = [
-                BucketTable(
-                    np.concatenate([t.node for t in self._parts]),
-                    np.concatenate([t.bucket for t in self._parts]),
-                    np.concatenate([t.values for t in self._parts]),
-                )
-            ]
-        return self._parts[0] if self._parts else None
-
     def drop_before(self, bucket: int) -> None:
-        whole = self._whole()
-        if whole is not None:
-            keep = whole.bucket >= bucket
-            self._parts = [BucketTable(whole.node[keep], whole.bucket[keep], whole.values[keep])]
+        """Keep the buckets from ``bucket`` on, each table replaced by its kept rows in turn (the
+        old one freed before the next is copied)."""
+        for i in range(len(self._parts)):
+            keep = self._parts[i].bucket >= bucket
+            if not keep.all():
+                part = self._parts[i]
+                self._parts[i] = BucketTable(part.node[keep], part.bucket[keep], part.values[keep])
+                del part
+        self._parts = [part for part in self._parts if len(part.node)]
 
     def of(self, codes: np.ndarray, n_stats: int) -> BucketTable:
-        """The buckets of the nodes ``codes``, their node renumbered as positions in ``codes``."""
-        whole = self._whole()
-        if whole is None:
+        """The buckets of the nodes ``codes``, their node renumbered as positions in ``codes``, in
+        the order the slices added them."""
+        if not self._parts:
             return BucketTable(np.empty(0, np.int64), np.empty(0, np.int64), np.empty((0, n_stats)))
-        position = np.full(max(int(whole.node.max()), int(codes.max())) + 1, -1, dtype=np.int64)
+        top = max(max(int(part.node.max()) for part in self._parts), int(codes.max()))
+        position = np.full(top + 1, -1, dtype=np.int64)
         position[codes] = np.arange(len(codes))
-        local = position[whole.node]
-        mine = local >= 0
-        return BucketTable(local[mine], whole.bucket[mine], whole.values[mine])
+        picked = []
+        for part in self._parts:
+            local = position[part.node]
+            mine = local >= 0
+            picked.append((local[mine], part.bucket[mine], part.values[mine]))
+        node, bucket, values = (np.concatenate(column) for column in zip(*picked, strict=True))
+        return BucketTable(node, bucket, values)
 
 
 Sink = Callable[[int, int, pd.DataFrame], None]
