@@ -20,7 +20,6 @@ each at its own threshold on the rows judged (:func:`foreshock.models.evaluate.p
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from functools import partial
@@ -30,6 +29,7 @@ from typing import Any
 import lightgbm as lgb
 import numpy as np
 import pandas as pd
+from history_features import variant_args  # benchmarks/, the script's own folder
 
 from foreshock.models.alerting import EVAL_COLUMNS, EvalRows, after_return
 from foreshock.models.baselines import LogisticBaseline
@@ -141,11 +141,7 @@ def judged(variants: dict[str, list[Head]], prior: LogisticBaseline,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--train", type=Path, required=True, help="dataset folder to train on")
-    parser.add_argument("--pool", action="append", default=[], help="NAME=DIR[,DIR...]: unseen datasets")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = variant_args(__doc__)
     train = build_labelled(args.train, HORIZON_MS)
     variants, prior, val = fit_variants(train)
     results = {"validation": judged(variants, prior, [(args.train.name, train, val)])}

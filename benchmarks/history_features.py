@@ -72,12 +72,18 @@ def run_variant(name: str, fs: FeatureSet, train: LabelledData, pools: dict, out
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def variant_args(doc: str) -> argparse.Namespace:
+    """The command line of a comparison of variants: ``--train DIR``, ``--pool NAME=DIR[,DIR...]``
+    (repeated) and ``--out DIR``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--train", type=Path, required=True, help="dataset folder to train on")
     parser.add_argument("--pool", action="append", default=[], help="NAME=DIR[,DIR...]: unseen datasets")
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = variant_args(__doc__)
     full = with_history()
     horizon = 60 * 60_000
     train = build_labelled(args.train, horizon, feature_set=full)
