@@ -99,12 +99,17 @@ def fit_variants(data: LabelledData) -> tuple[dict[str, list[Head]], LogisticBas
     bins = tail_bin_bounds(FeatureRows(rows, names, data))
     fitted: dict[str | None, Head] = {}
     for head in (None, *CLASSES):
-        y = positives(rows, head)
+        y, y_val = positives(rows, head), positives(val, head)
+        if not (y.any() and y_val.any()):  # a head is judged and calibrated on its class's failures
+            print(f"no head for {head}: no failure of its class in training or in validation", flush=True)
+            continue
         print(f"fitting {head or 'single'}: {int(y.sum()):,} positive rows of {len(y):,}", flush=True)
-        choice = fit_with_prior(rows.assign(label=y), val.assign(label=positives(val, head)), names, params,
-                                prior, PRIOR_WEIGHT, data=data, bins=bins)
+        choice = fit_with_prior(rows.assign(label=y), val.assign(label=y_val), names, params, prior,
+                                PRIOR_WEIGHT, data=data, bins=bins)
         judged = choice.judged[choice.weight]
         fitted[head] = Head(choice.booster, choice.weight, (judged["platt_slope"], judged["platt_intercept"]))
+    if None not in fitted or len(fitted) == 1:
+        raise SystemExit("the training or validation period holds too few failures for the comparison")
     return {"single": [fitted.pop(None)], "heads": list(fitted.values())}, prior, val
 
 
