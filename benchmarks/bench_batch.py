@@ -228,6 +228,7 @@ def measure_size(
         return sum(v for k, v in metrics["_info"]["rows"].items() if k != "test_unseen_nodes")
 
     stage("train", lambda: _train(data, table, model, workdir, *train_flags), trained_rows)
+
     def evaluated_rows() -> int:  # calibrate scores the same rows
         return json.loads((evaluation / "metrics.json").read_text())["model"]["rows"]
 

@@ -312,9 +312,9 @@ class _Nodes:
 
 class _History:
     """The bucket statistics of a pass's nodes, a table per slice as slices add them; old buckets
-    are dropped. The tables are never joined into one: a day plus the longest window of a pass's
-    nodes (up to :data:`_PASS_BYTES`) joined was held twice, and a third time in part while its
-    recent buckets were copied out of it."""
+    are dropped. The tables are never joined into one: joined, a day plus the longest window of a
+    pass's nodes (up to :data:`_PASS_BYTES`) was held twice, and in part a third time while its
+    recent buckets were copied out."""
 
     def __init__(self) -> None:
         self._parts: list[BucketTable] = []
