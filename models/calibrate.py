@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from foreshock.models.alerting import BUDGET_CONFIDENCE, DAY_MS, BudgetChoice, budget_threshold
+from foreshock.models.alerting import BUDGET_CONFIDENCE, BudgetChoice, budget_threshold
 from foreshock.models.artifact import RiskModel
 from foreshock.models.evaluate import PREDICTORS, clear_ms_of, spill_scores
 from foreshock.models.frame import LabelledData, LabelledStream
@@ -98,5 +98,5 @@ def calibrate(
 def _budget_choice(scored: ScoredRows, predictor: str, budget: float, confidence: float) -> BudgetChoice:
     """The budget threshold of ``predictor``'s scores on ``scored``'s rows, judged a node group at
     a time."""
-    return budget_threshold(lambda: scored.parts(predictor), scored.candidates(predictor),
-                            scored.rows * scored.cadence_ms / DAY_MS, budget, confidence, scored.window)
+    return budget_threshold(lambda: scored.parts(predictor), scored.candidates(predictor), scored.node_days,
+                            budget, confidence, scored.window)

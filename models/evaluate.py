@@ -22,7 +22,6 @@ import numpy as np
 import pandas as pd
 
 from foreshock.models.alerting import (
-    DAY_MS,
     EQUAL_RATES,
     EVAL_COLUMNS,
     after_return,
@@ -57,7 +56,7 @@ def predictor_metrics(
     (``budget_spent``: false alarms per 1,000 node-days over the budget), judged a node group at
     a time (:mod:`foreshock.models.scored`)."""
     ranking = scored.ranking(predictor)
-    node_days = scored.rows * scored.cadence_ms / DAY_MS
+    node_days = scored.node_days
     out: dict[str, Any] = {
         "rows": scored.rows,
         "positives": scored.positives,

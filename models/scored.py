@@ -22,7 +22,7 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
-from foreshock.models.alerting import EvalRows, candidates_of_sorted
+from foreshock.models.alerting import DAY_MS, EvalRows, candidates_of_sorted
 from foreshock.models.ranking import Ranking
 
 __all__ = ["ScoredRows", "HeldScores", "SpilledScores", "ScoreSpill", "GROUP_NODES", "SWEEP_WINDOW",
@@ -43,6 +43,7 @@ class ScoredRows(Protocol):
     cadence_ms: int
     rows: int
     positives: int  # rows labelled 1: the node fails within the horizon
+    node_days: float  # scored node-time: rows x cadence
     window: int  # thresholds of a sweep judged per pass over :meth:`parts`
 
     def ranking(self, predictor: str) -> Ranking | None:
@@ -75,6 +76,10 @@ class HeldScores:
     @property
     def positives(self) -> int:
         return int(self.eval_rows.label.sum())
+
+    @property
+    def node_days(self) -> float:
+        return self.eval_rows.node_days
 
     def ranking(self, predictor: str) -> Ranking | None:
         if not 0 < self.positives < self.rows:
@@ -259,6 +264,10 @@ class SpilledScores:
     @cached_property
     def positives(self) -> int:
         return sum(self._size(f, "pos") for f in self.files)
+
+    @property
+    def node_days(self) -> float:
+        return self.rows * self.cadence_ms / DAY_MS
 
     def ranking(self, predictor: str) -> Ranking | None:
         if not 0 < self.positives < self.rows:
