@@ -82,20 +82,21 @@ def variant_args(doc: str) -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> None:
-    args = variant_args(__doc__)
-    full = with_history()
+def compare(args: argparse.Namespace, variants: dict[str, FeatureSet]) -> None:
+    """Train each variant on ``args.train`` and judge it on ``args.pool``, then print the table.
+    The features are computed once, with the columns of the last variant, which must hold every
+    other variant's."""
+    full = list(variants.values())[-1]
     horizon = 60 * 60_000
     train = build_labelled(args.train, horizon, feature_set=full)
     pools = {name: [(Path(d), build_labelled(d, horizon, feature_set=full)) for d in dirs.split(",")]
              for name, dirs in (spec.split("=", 1) for spec in args.pool)}
-    results = {name: run_variant(name, fs, train, pools, args.out)
-               for name, fs in (("base", DEFAULT_FEATURE_SET), ("history", full))}
+    results = {name: run_variant(name, fs, train, pools, args.out) for name, fs in variants.items()}
     print("| judged on | variant | predictor | PR-AUC | caught at ≤ 1 / 2 / 5 / 10 false alarms per 1,000 "
           "node-days | caught at the operating threshold | false alarms (/1,000 node-days) | median lead, "
           "detectable |")
     print("|---|---|---|---|---|---|---|---|")
-    for part in results["base"]:
+    for part in results[next(iter(variants))]:
         for name, result in results.items():
             for p in PREDICTORS:
                 s = result[part][p]
@@ -103,6 +104,10 @@ def main() -> None:
                 print(f"| {part} ({s['failures']} failures) | {name} | {p} | {s['pr_auc']:.3f} | "
                       f"{' / '.join(str(c) for c in s['caught_at'])} | {s['caught']} | "
                       f"{s['false_alarms']} ({s['rate']:.2f}) | {lead} |")
+
+
+def main() -> None:
+    compare(variant_args(__doc__), {"base": DEFAULT_FEATURE_SET, "history": with_history()})
 
 
 if __name__ == "__main__":
