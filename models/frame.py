@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +114,16 @@ class LabelledData:
             return rows
         return self._joined(rows, self.feature_matrix(rows))
 
+    def with_features_of(self, parts: Sequence[pd.DataFrame]) -> list[pd.DataFrame]:
+        """:meth:`with_features` of several sets of rows, each table day read once for all of
+        them (and a row they share once): sets drawn across the whole period, such as the fold
+        models' logistic baselines', would each read nearly every day."""
+        if all(self._in_frame(rows) for rows in parts):
+            return list(parts)
+        union = pd.Index(np.unique(np.concatenate([rows.index.to_numpy(dtype=np.int64) for rows in parts])))
+        values = self.feature_matrix(pd.DataFrame(index=union))
+        return [self._joined(rows, values[union.get_indexer(rows.index)]) for rows in parts]
+
     def _joined(self, rows: pd.DataFrame, values: np.ndarray) -> pd.DataFrame:
         features = pd.DataFrame(values, index=rows.index, columns=self.feature_names, copy=False)
         return pd.concat([rows, features], axis=1, copy=False)
@@ -154,6 +164,29 @@ class LabelledData:
                     out[name] = np.empty(len(rows), dtype=got.dtype)
                 out[name][at] = got
         return out
+
+    def subset_scores(
+        self, rows: pd.DataFrame, subsets: Mapping[Any, tuple[np.ndarray, Scorer]]
+    ) -> dict[Any, np.ndarray]:
+        """Each scorer's scores of its own subset of ``rows`` (rows of :attr:`frame`; ``subsets``:
+        key -> (a mask over ``rows``, the scorer)), in ``rows``' order: what :meth:`scores` gives
+        that subset alone, to the bit (each subset's rows of a partition make the same blocks),
+        with each table partition read once for all subsets, not once for each: the fold models'
+        rows are each nearly every row of the training period."""
+        if self._in_frame(rows) or not len(rows):
+            return {key: self.scores(rows[mask], {key: score})[key] for key, (mask, score) in subsets.items()}
+        out: dict[Any, np.ndarray] = {}
+        place = {key: np.cumsum(mask) - 1 for key, (mask, _) in subsets.items()}
+        for at, block in self._partition_blocks(rows):
+            for key, (mask, score) in subsets.items():
+                mine = mask[at]
+                if not mine.any():
+                    continue
+                got = scores_in_blocks(FeatureBlock(block.rows[mine], block.x[mine]), {key: score})[key]
+                if key not in out:
+                    out[key] = np.empty(int(np.count_nonzero(mask)), dtype=got.dtype)
+                out[key][place[key][at[mine]]] = got
+        return {key: out.get(key, np.empty(0)) for key in subsets}
 
     def _partition_blocks(self, rows: pd.DataFrame) -> Iterator[tuple[np.ndarray, FeatureBlock]]:
         """``rows`` with their features, a table partition at a time: ``(which of rows, those rows

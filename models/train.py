@@ -125,6 +125,8 @@ __all__ = [
     "fit_logistic_baseline",
     "PriorChoice",
     "log_odds",
+    "fold_logistic_baselines",
+    "fold_logistic_rows",
     "fold_models",
     "fold_training_rows",
     "choose_prior_weight",
@@ -598,7 +600,11 @@ def log_odds(prior: LogisticBaseline, rows: pd.DataFrame, data: LabelledData | N
     (without ``data``) a frame holding its features."""
     if data is None:
         return prior.frame_log_odds(rows)
-    return data.scores(rows, {"prior": lambda block: prior.log_odds(block.x)})["prior"]
+    return data.scores(rows, {"prior": _log_odds_scorer(prior)})["prior"]
+
+
+def _log_odds_scorer(prior: LogisticBaseline) -> Scorer:
+    return lambda block: prior.log_odds(block.x)
 
 
 def choose_prior_weight(judged: dict[float, dict[str, float]]) -> float:
@@ -763,11 +769,14 @@ def fit(
         periods = [(train, rows), (val, val_rows)]
         del train, rows, val_rows  # periods holds them until the last fold model is fitted
 
+        fold_baselines = fold_logistic_baselines(data, periods, fold_list, seed)
+        fold_priors = fold_log_odds(data, periods, fold_list, fold_baselines) if weight > 0 else {}
+
         def fit_fold(fold: Fold) -> Callable[[pd.DataFrame], dict[str, np.ndarray]]:
             score = fold_models(
-                data, periods, fold, params,
-                rounds=booster.current_iteration(), prior_weight=weight, seed=seed, dask_address=dask_address,
-                bins=bins,
+                data, periods, fold, params, fold_baselines.pop(fold.index),
+                fold_priors.pop(fold.index, None), rounds=booster.current_iteration(), prior_weight=weight,
+                dask_address=dask_address, bins=bins,
             )
             if fold == fold_list[-2]:  # the last fold model (validation, the last fold, is the model's)
                 periods.clear()  # the training rows go before its block is read
@@ -829,16 +838,35 @@ def _positions(index: pd.Index) -> pd.Index:
 
 
 def fold_training_rows(
-    periods: list[tuple[pd.DataFrame, pd.DataFrame]], fold: Fold, horizon_ms: int, seed: int
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A fold model's training rows out of the ``(rows, their booster_rows)`` periods: the trees'
-    rows and the logistic baseline's, those :func:`booster_rows` and :func:`_logistic_rows` give
-    of the periods' rows outside the fold (:func:`foreshock.models.folds.fold_outside`), taken
-    from the periods' booster rows and labels: the rows outside a fold are nearly every row of
-    both periods, never copied."""
+    periods: list[tuple[pd.DataFrame, pd.DataFrame]], fold: Fold, horizon_ms: int
+) -> pd.DataFrame:
+    """A fold model's trees' rows out of the ``(rows, their booster_rows)`` periods: those
+    :func:`booster_rows` gives of the periods' rows outside the fold
+    (:func:`foreshock.models.folds.fold_outside`), taken from the periods' booster rows: the rows
+    outside a fold are nearly every row of both periods, never copied."""
     trees = pd.concat([r.loc[fold_outside(r, fold, horizon_ms)] for _, r in periods])
-    outside = [(rows, fold_outside(rows, fold, horizon_ms)) for rows, _ in periods]
-    return trees.sort_index(kind="stable"), _logistic_rows(outside, seed)
+    return trees.sort_index(kind="stable")
+
+
+def fold_logistic_rows(
+    periods: list[tuple[pd.DataFrame, pd.DataFrame]], fold: Fold, horizon_ms: int, seed: int
+) -> pd.DataFrame:
+    """A fold model's logistic baseline's rows: those :func:`_logistic_rows` gives of the periods'
+    rows outside the fold, drawn from their labels."""
+    return _logistic_rows([(rows, fold_outside(rows, fold, horizon_ms)) for rows, _ in periods], seed)
+
+
+def fold_logistic_baselines(
+    data: LabelledData, periods: list[tuple[pd.DataFrame, pd.DataFrame]], folds: list[Fold], seed: int
+) -> dict[int, LogisticBaseline]:
+    """Every fold model's logistic baseline (by fold index; the validation fold's model is the
+    trained one), fitted on its rows (:func:`fold_logistic_rows`) before the first fold's trees:
+    each fold's draw spans nearly every table day, and the draws of all folds are read in one pass
+    (:func:`_fit_logistics`)."""
+    folds = [fold for fold in folds if fold.scored_by != "model"]
+    rows = [fold_logistic_rows(periods, fold, data.horizon_ms, seed) for fold in folds]
+    fitted = _fit_logistics(data, rows, seed)
+    return {fold.index: baseline for fold, baseline in zip(folds, fitted, strict=True)}
 
 
 def _drawn_by(data: LabelledData, train: pd.DataFrame) -> pd.DataFrame:
@@ -901,18 +929,41 @@ def _places_of_zeros(label: np.ndarray, block: int = 1 << 24) -> np.ndarray:
     return out
 
 
+def fold_log_odds(
+    data: LabelledData,
+    periods: list[tuple[pd.DataFrame, pd.DataFrame]],
+    folds: list[Fold],
+    baselines: dict[int, LogisticBaseline],
+) -> dict[int, np.ndarray]:
+    """Each fold model's prior: its logistic baseline's log-odds of its trees' rows
+    (:func:`fold_training_rows`, in their order), what :func:`log_odds` gives them, with each table
+    partition read once for all folds (:meth:`LabelledData.subset_scores`): each fold's rows are
+    nearly every booster row of both periods; they are read by their place and time alone, unless
+    the features are the rows' own columns."""
+    rows = pd.concat([booster if data.table is None else booster[["ts"]] for _, booster in periods])
+    rows = rows.sort_index(kind="stable")
+    subsets = {
+        fold.index: (fold_outside(rows, fold, data.horizon_ms), _log_odds_scorer(baselines[fold.index]))
+        for fold in folds if fold.index in baselines
+    }
+    return data.subset_scores(rows, subsets)
+
+
 def fit_logistic_baseline(data: LabelledData, train: pd.DataFrame, seed: int) -> LogisticBaseline:
     """The logistic baseline of the training rows ``train`` (rows of ``data``): its own best
     sample of them (:func:`_logistic_rows`), the model's prior."""
-    return _fit_logistic(data, _logistic_rows([(train, None)], seed), seed)
+    return _fit_logistics(data, [_logistic_rows([(train, None)], seed)], seed)[0]
 
 
-def _fit_logistic(data: LabelledData, rows: pd.DataFrame, seed: int) -> LogisticBaseline:
-    """The logistic baseline fitted on ``rows`` of ``data`` (:func:`_logistic_rows`), reading the
-    features of the rows it fits on alone (:meth:`LogisticBaseline.rows_fitted`)."""
-    baseline = LogisticBaseline(data.feature_names, seed=seed)
-    rows = data.with_features(rows.iloc[baseline.rows_fitted(len(rows))])
-    return baseline.fit(rows, rows["label"].to_numpy())
+def _fit_logistics(data: LabelledData, row_sets: list[pd.DataFrame], seed: int) -> list[LogisticBaseline]:
+    """A logistic baseline fitted on each of ``row_sets`` (rows of ``data``: :func:`_logistic_rows`),
+    reading the features of the rows each fits on alone (:meth:`LogisticBaseline.rows_fitted`),
+    every table day once for all of them."""
+    baselines = [LogisticBaseline(data.feature_names, seed=seed) for _ in row_sets]
+    drawn = [rows.iloc[b.rows_fitted(len(rows))] for b, rows in zip(baselines, row_sets, strict=True)]
+    del row_sets
+    return [baseline.fit(rows, rows["label"].to_numpy())
+            for baseline, rows in zip(baselines, data.with_features_of(drawn), strict=True)]
 
 
 def fold_models(
@@ -920,27 +971,29 @@ def fold_models(
     periods: list[tuple[pd.DataFrame, pd.DataFrame]],
     fold: Fold,
     params: dict[str, Any],
+    logistic: LogisticBaseline,
+    prior: np.ndarray | None,
     *,
     rounds: int,
     prior_weight: float,
-    seed: int,
     dask_address: str | None = None,
     bins: list[dict[str, Any]] | None = None,
 ) -> Callable[[pd.DataFrame], dict[str, np.ndarray]]:
-    """A fold's models (:mod:`foreshock.models.folds`): the recipe's trees and its logistic
-    baseline on the ``periods``' rows outside ``fold`` (:func:`fold_training_rows`), with the
-    model's own choices (``rounds`` trees, ``prior_weight``, and the forced ``bins`` it was
-    binned with: the training rows' tails, which spares a pass over each fold's rows). Returns
-    how they score a block: every predictor's scores on it, in its row order, the trees' margin
-    Platt-calibrated on the block itself. The training rows are let go before it returns."""
+    """A fold's models (:mod:`foreshock.models.folds`): the recipe's trees on the ``periods``' rows
+    outside ``fold`` (:func:`fold_training_rows`) and the fold's ``logistic`` baseline
+    (:func:`fold_logistic_baselines`), whose log-odds of those rows (:func:`fold_log_odds`; None
+    when ``prior_weight`` is 0) the trees start from, with the model's own choices (``rounds`` trees,
+    ``prior_weight``, and the forced ``bins`` it was binned with: the training rows' tails, which
+    spares a pass over each fold's rows). Returns how they score a block: every predictor's scores
+    on it, in its row order, the trees' margin Platt-calibrated on the block itself. The training
+    rows are let go before it returns."""
     names = data.feature_names
-    rows, logistic_rows = fold_training_rows(periods, fold, data.horizon_ms, seed)
-    logistic = _fit_logistic(data, logistic_rows, seed)
-    init = (prior_weight * log_odds(logistic, rows, data), None) if prior_weight > 0 else None
+    rows = fold_training_rows(periods, fold, data.horizon_ms)
+    init = (prior_weight * prior, None) if prior is not None else None
     weight = rows[WEIGHT].to_numpy() if WEIGHT in rows else None
     booster = fit_booster(data.feature_rows(rows), rows["label"].to_numpy(), None, None, params, dask_address,
                           init=init, rounds=rounds, weight=weight, bins=bins)
-    del rows, logistic_rows, init, weight
+    del rows, init, weight
 
     def as_model(calibration: tuple[float, float]) -> RiskModel:
         return RiskModel(booster, feature_names=names, feature_set_hash="fold", threshold=1.0,

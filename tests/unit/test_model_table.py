@@ -47,7 +47,11 @@ from foreshock.models.train import (
     WEIGHT,
     _logistic_rows,
     booster_rows,
+    fold_log_odds,
+    fold_logistic_baselines,
+    fold_logistic_rows,
     fold_training_rows,
+    log_odds,
     thin_far_negatives,
     train_from_dataset,
     train_on,
@@ -353,13 +357,59 @@ def test_a_fold_trains_on_the_rows_a_copy_of_the_periods_outside_it_would_give(c
     booster = dict(censor_ms=6 * HOUR, negative_rate=0.25, seed=4)
     periods = [(p, booster_rows(p, **booster)) for p in (train, val)]
     for fold in time_folds(train, val, 4)[:3]:
-        trees, logistic = fold_training_rows(periods, fold, HOUR, seed=4)
+        trees, logistic = fold_training_rows(periods, fold, HOUR), fold_logistic_rows(periods, fold, HOUR, seed=4)
         ts = pd.concat([train, val])["ts"]
         copy = pd.concat([train, val]).loc[(ts < fold.start_ms - HOUR) | (ts >= fold.end_ms + HOUR)]
         assert 0 < len(copy) < len(train) + len(val) and logistic["label"].sum() > 0
         pd.testing.assert_frame_equal(trees, booster_rows(copy, **booster))
         pd.testing.assert_frame_equal(logistic, _logistic_rows([(copy, None)], seed=4))
         assert (logistic["label"] == 0).sum() == 10 * logistic["label"].sum()  # a draw, not every row
+
+
+def test_the_fold_baselines_are_those_fitted_one_at_a_time_and_read_each_table_day_once(
+    cluster, tables, monkeypatch
+):
+    """Each fold model's draw of logistic rows spans nearly every table day: all folds' draws are
+    read in one pass, and each baseline is the one its own rows alone would fit."""
+    data = build_labelled(cluster.data_dir, HOUR, table=tables["cluster"])
+    frame = data.frame
+    cut = frame["ts"] < frame["ts"].quantile(0.7)
+    train, val = frame.loc[cut], frame.loc[~cut & (frame["ts"] > frame["ts"].quantile(0.75))]
+    periods = [(p, booster_rows(p, censor_ms=6 * HOUR, negative_rate=0.25, seed=4)) for p in (train, val)]
+    folds = time_folds(train, val, 4)
+    reads: list[str] = []
+    read = foreshock.features.table._read_partition
+    monkeypatch.setattr(foreshock.features.table, "_read_partition",
+                        lambda path, columns: reads.append(str(path)) or read(path, columns))
+    together = fold_logistic_baselines(data, periods, folds, seed=4)
+    assert sorted(together) == [f.index for f in folds[:3]]
+    assert len(reads) == len(set(reads)) > 1  # every partition read at most once
+    for fold in folds[:3]:
+        rows = fold_logistic_rows(periods, fold, HOUR, seed=4)
+        alone = LogisticBaseline(data.feature_names, seed=4)
+        picked = data.with_features(rows.iloc[alone.rows_fitted(len(rows))])
+        alone.fit(picked, picked["label"].to_numpy())
+        np.testing.assert_array_equal(together[fold.index].coef_, alone.coef_)
+        assert together[fold.index].intercept_ == alone.intercept_
+
+
+@pytest.mark.parametrize("source", ["table", "frame"])
+def test_the_fold_priors_are_the_log_odds_of_each_folds_rows_alone(cluster, tables, source):
+    """The fold models' priors, computed for all folds in one pass over the table, are to the bit
+    the log-odds each fold's rows would get alone: the trees start from the same margins."""
+    data = (build_labelled(cluster.data_dir, HOUR, table=tables["cluster"]) if source == "table"
+            else build_labelled(cluster.data_dir, HOUR, features=cluster.features))
+    frame = data.frame
+    cut = frame["ts"] < frame["ts"].quantile(0.7)
+    train, val = frame.loc[cut], frame.loc[~cut & (frame["ts"] > frame["ts"].quantile(0.75))]
+    periods = [(p, booster_rows(p, censor_ms=6 * HOUR, negative_rate=0.25, seed=4)) for p in (train, val)]
+    folds = time_folds(train, val, 4)
+    baselines = fold_logistic_baselines(data, periods, folds, seed=4)
+    priors = fold_log_odds(data, periods, folds, baselines)
+    assert sorted(priors) == sorted(baselines)
+    for index, prior in priors.items():
+        rows = fold_training_rows(periods, folds[index], HOUR)
+        np.testing.assert_array_equal(prior, log_odds(baselines[index], rows, data))
 
 
 def test_validation_scores_are_those_the_trained_model_and_baselines_give(cluster, tables):
