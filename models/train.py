@@ -125,6 +125,7 @@ __all__ = [
     "fit_logistic_baseline",
     "PriorChoice",
     "log_odds",
+    "fold_log_odds",
     "fold_logistic_baselines",
     "fold_logistic_rows",
     "fold_models",

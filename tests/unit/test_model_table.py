@@ -357,7 +357,8 @@ def test_a_fold_trains_on_the_rows_a_copy_of_the_periods_outside_it_would_give(c
     booster = dict(censor_ms=6 * HOUR, negative_rate=0.25, seed=4)
     periods = [(p, booster_rows(p, **booster)) for p in (train, val)]
     for fold in time_folds(train, val, 4)[:3]:
-        trees, logistic = fold_training_rows(periods, fold, HOUR), fold_logistic_rows(periods, fold, HOUR, seed=4)
+        trees = fold_training_rows(periods, fold, HOUR)
+        logistic = fold_logistic_rows(periods, fold, HOUR, seed=4)
         ts = pd.concat([train, val])["ts"]
         copy = pd.concat([train, val]).loc[(ts < fold.start_ms - HOUR) | (ts >= fold.end_ms + HOUR)]
         assert 0 < len(copy) < len(train) + len(val) and logistic["label"].sum() > 0
