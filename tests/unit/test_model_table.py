@@ -348,21 +348,29 @@ def test_thinning_keeps_what_matters_and_weights_the_far_negatives(cluster, monk
     pd.testing.assert_frame_equal(thin_far_negatives(frame, 0.25, seed=4), thinned)
 
 
+FOLD_BOOSTER = dict(censor_ms=6 * HOUR, negative_rate=0.25, seed=4)
+
+
+def _fold_periods(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list]:
+    """Training and validation rows of a labelled frame (with a gap between them), and the
+    ``(rows, booster rows)`` periods the fold models draw from."""
+    cut = frame["ts"] < frame["ts"].quantile(0.7)
+    train, val = frame.loc[cut], frame.loc[~cut & (frame["ts"] > frame["ts"].quantile(0.75))]
+    return train, val, [(p, booster_rows(p, **FOLD_BOOSTER)) for p in (train, val)]
+
+
 def test_a_fold_trains_on_the_rows_a_copy_of_the_periods_outside_it_would_give(cluster):
     """The fold models' rows come from the periods' booster rows and labels, never from a copy of
     the rows outside the fold; they are the rows that copy would give, in the same order."""
     frame = build_labelled(cluster.data_dir, HOUR, features=cluster.features).frame
-    cut = frame["ts"] < frame["ts"].quantile(0.7)
-    train, val = frame.loc[cut], frame.loc[~cut & (frame["ts"] > frame["ts"].quantile(0.75))]
-    booster = dict(censor_ms=6 * HOUR, negative_rate=0.25, seed=4)
-    periods = [(p, booster_rows(p, **booster)) for p in (train, val)]
+    train, val, periods = _fold_periods(frame)
     for fold in time_folds(train, val, 4)[:3]:
         trees = fold_training_rows(periods, fold, HOUR)
         logistic = fold_logistic_rows(periods, fold, HOUR, seed=4)
         ts = pd.concat([train, val])["ts"]
         copy = pd.concat([train, val]).loc[(ts < fold.start_ms - HOUR) | (ts >= fold.end_ms + HOUR)]
         assert 0 < len(copy) < len(train) + len(val) and logistic["label"].sum() > 0
-        pd.testing.assert_frame_equal(trees, booster_rows(copy, **booster))
+        pd.testing.assert_frame_equal(trees, booster_rows(copy, **FOLD_BOOSTER))
         pd.testing.assert_frame_equal(logistic, _logistic_rows([(copy, None)], seed=4))
         assert (logistic["label"] == 0).sum() == 10 * logistic["label"].sum()  # a draw, not every row
 
@@ -373,10 +381,7 @@ def test_the_fold_baselines_are_those_fitted_one_at_a_time_and_read_each_table_d
     """Each fold model's draw of logistic rows spans nearly every table day: all folds' draws are
     read in one pass, and each baseline is the one its own rows alone would fit."""
     data = build_labelled(cluster.data_dir, HOUR, table=tables["cluster"])
-    frame = data.frame
-    cut = frame["ts"] < frame["ts"].quantile(0.7)
-    train, val = frame.loc[cut], frame.loc[~cut & (frame["ts"] > frame["ts"].quantile(0.75))]
-    periods = [(p, booster_rows(p, censor_ms=6 * HOUR, negative_rate=0.25, seed=4)) for p in (train, val)]
+    train, val, periods = _fold_periods(data.frame)
     folds = time_folds(train, val, 4)
     reads: list[str] = []
     read = foreshock.features.table._read_partition
@@ -400,10 +405,7 @@ def test_the_fold_priors_are_the_log_odds_of_each_folds_rows_alone(cluster, tabl
     the log-odds each fold's rows would get alone: the trees start from the same margins."""
     data = (build_labelled(cluster.data_dir, HOUR, table=tables["cluster"]) if source == "table"
             else build_labelled(cluster.data_dir, HOUR, features=cluster.features))
-    frame = data.frame
-    cut = frame["ts"] < frame["ts"].quantile(0.7)
-    train, val = frame.loc[cut], frame.loc[~cut & (frame["ts"] > frame["ts"].quantile(0.75))]
-    periods = [(p, booster_rows(p, censor_ms=6 * HOUR, negative_rate=0.25, seed=4)) for p in (train, val)]
+    train, val, periods = _fold_periods(data.frame)
     folds = time_folds(train, val, 4)
     baselines = fold_logistic_baselines(data, periods, folds, seed=4)
     priors = fold_log_odds(data, periods, folds, baselines)
