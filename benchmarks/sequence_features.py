@@ -89,7 +89,7 @@ SEQUENCE = tuple(
 
 
 def register() -> None:
-    """Make ``weighted`` and ``trend`` aggregations both engines evaluate."""
+    """Add ``weighted`` and ``trend`` to the engines' kernel table."""
     AGGREGATIONS.update(SEQUENCE_AGGREGATIONS)
 
 
