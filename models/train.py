@@ -962,7 +962,6 @@ def _fit_logistics(data: LabelledData, row_sets: list[pd.DataFrame], seed: int) 
     every table day once for all of them."""
     baselines = [LogisticBaseline(data.feature_names, seed=seed) for _ in row_sets]
     drawn = [rows.iloc[b.rows_fitted(len(rows))] for b, rows in zip(baselines, row_sets, strict=True)]
-    del row_sets
     return [baseline.fit(rows, rows["label"].to_numpy())
             for baseline, rows in zip(baselines, data.with_features_of(drawn), strict=True)]
 
