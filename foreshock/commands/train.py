@@ -91,7 +91,6 @@ def train(
 ) -> None:
     """Train the LightGBM risk model and its baselines; print model vs baselines."""
     from foreshock.commands.progress import progress_bars
-    from foreshock.models.registry import sqlite_uri
     from foreshock.models.report import print_table
     from foreshock.models.train import train_from_dataset
 
@@ -104,7 +103,7 @@ def train(
             data,
             out,
             horizon_minutes=int(horizon.minutes),
-            tracking_uri=tracking_uri or sqlite_uri(data),
+            tracking_uri=tracking_uri,  # None: the data folder's store, MLflow loaded only to register
             dask_address=dask,
             register=not no_register,
             cadence_ms=cadence.ms,
