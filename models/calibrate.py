@@ -14,6 +14,12 @@ and above which an upper confidence bound on false-alarm episodes stays within t
 - **labelled** telemetry (its node events record failures): episodes that reach a failure within
   the horizon are true alerts and are not counted.
 
+A threshold the new cluster's rows do not certify (too few node-days for the bound to fit the
+budget: the lowest threshold with no alarm on them) may rise above the trained one, never fall
+below it: that no alarm fell in a few days of a cluster says little of its strongest harmless
+transients, which another week may bring, while an alarm in them is evidence enough that the
+trained threshold is too low.
+
 Only thresholds move: the model's, and the baselines' (so ``foreshock evaluate`` still compares
 like with like). The model records where its threshold came from (``threshold_source``).
 """
@@ -48,6 +54,9 @@ class Calibration:
     source: dict[str, Any]
     choices: dict[str, BudgetChoice]
     alerting_rows: int
+    thresholds: dict[str, float]
+    """Each predictor's threshold now: its choice, or the trained one where that is higher and the
+    choice is not certified."""
 
 
 def calibrate(
@@ -75,13 +84,13 @@ def calibrate(
         spill_scores(model, data, spill, use_labels=use_labels, progress=progress, title="calibrate: scoring")
         scored = spill.seal(data.cadence_ms, [""])[""]
         choices = {p: _budget_choice(scored, p, budget_per_1000_node_days, confidence) for p in PREDICTORS}
-        threshold = choices["model"].threshold
+        applied = {p: _applied(choices[p], _trained_threshold(model, p)) for p in PREDICTORS}
+        threshold = applied["model"]
         failures = alerting = 0
         for rows, score in scored.parts("model"):
             failures += len(rows.failures)
             alerting += int(np.count_nonzero(score >= threshold))
-    baselines = {name: {**model.baselines[name], "threshold": choices[name].threshold}
-                 for name in ("rules", "logistic")}
+    baselines = {b: {**model.baselines[b], "threshold": applied[b]} for b in ("rules", "logistic")}
     source = {
         "kind": "calibrate",
         "labelled": failures > 0,  # without labels, or with none recorded, every episode is counted
@@ -91,8 +100,20 @@ def calibrate(
         "from_version": model.version,
         "previous_threshold": model.threshold,
         **choices["model"].to_json(),
+        "threshold": threshold,
+        "kept_previous": threshold != choices["model"].threshold,
     }
-    return Calibration(model.with_threshold(threshold, baselines, source), source, choices, alerting)
+    return Calibration(model.with_threshold(threshold, baselines, source), source, choices, alerting, applied)
+
+
+def _trained_threshold(model: RiskModel, predictor: str) -> float:
+    return model.threshold if predictor == "model" else model.baselines[predictor]["threshold"]
+
+
+def _applied(choice: BudgetChoice, trained: float) -> float:
+    """The threshold calibration gives a predictor: its choice on the new rows when they certify
+    it or it is the higher, else the trained one (see the module docstring)."""
+    return choice.threshold if choice.certified else max(choice.threshold, trained)
 
 
 def _budget_choice(scored: ScoredRows, predictor: str, budget: float, confidence: float) -> BudgetChoice:

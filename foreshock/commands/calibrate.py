@@ -82,7 +82,7 @@ def calibrate(
     if out is not None:
         result.model.save(out / "model")
         choices = {p: c.to_json() for p, c in result.choices.items()}
-        record = {"source": result.source, "choices": choices}
+        record = {"source": result.source, "choices": choices, "thresholds": result.thresholds}
         (out / "calibration.json").write_text(json.dumps(record, indent=1))
         typer.echo(f"calibrated model written to {out / 'model'}; record: {out / 'calibration.json'}")
     if no_register:
@@ -103,6 +103,8 @@ def _summary(result, data: Path) -> list[str]:
     lines = [f"calibrated on {data} ({s['node_days']:,.0f} node-days, {kind})"]
     for name, c in result.choices.items():
         verdict = "within budget" if c.certified else "not certified: too few node-days; no alarm allowed"
+        if result.thresholds[name] != c.threshold:
+            verdict += f"; below the trained {threshold_text(result.thresholds[name])}, which stays"
         lines.append(
             f"  {name}: threshold {threshold_text(c.threshold)}, {c.false_alarms} false alarms, "
             f"{c.confidence * 100:g} % bound {c.upper_per_1000_node_days:.2f} per 1,000 node-days against "

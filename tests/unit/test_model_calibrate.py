@@ -113,6 +113,29 @@ def test_only_thresholds_move_and_the_record_travels_with_the_saved_model(
     assert "`foreshock calibrate`" in (tmp_path / "eval" / "report.md").read_text()
 
 
+def test_a_threshold_the_rows_do_not_certify_may_rise_never_fall(model, other):
+    """A budget of 1 per 1,000 node-days on the other cluster's 32 node-days: no choice is
+    certified. A choice above the trained threshold is taken, one below it leaves the trained one;
+    a certified choice is taken whichever way it goes."""
+    choice = calibrate(model, other, 1.0).choices["model"]
+    assert not choice.certified and choice.false_alarms == 0 and choice.threshold < 1.0
+    high, low = model.with_threshold((choice.threshold + 1) / 2), model.with_threshold(choice.threshold / 2)
+    kept, raised = calibrate(high, other, 1.0), calibrate(low, other, 1.0)
+    assert kept.model.threshold == high.threshold and kept.source["kept_previous"]
+    assert kept.source["threshold"] == high.threshold and kept.choices["model"] == choice
+    assert any("which stays" in line for line in _summary(kept, Path("other")))
+    assert raised.model.threshold == choice.threshold and not raised.source["kept_previous"]
+    for result in (kept, raised):
+        for b in ("rules", "logistic"):
+            c = result.choices[b]
+            assert not c.certified
+            assert result.model.baselines[b]["threshold"] == result.thresholds[b] == max(
+                c.threshold, model.baselines[b]["threshold"])
+    certified = calibrate(high, other, BUDGET)
+    assert certified.choices["model"].certified
+    assert certified.model.threshold == certified.choices["model"].threshold < high.threshold
+
+
 def test_calibration_refuses_data_of_another_feature_set(model, synthetic_cluster_other):
     features = synthetic_cluster_other.features.rename(columns={"noise_0": "noise_x"})
     features.attrs["feature_set_hash"] = "another-set"
