@@ -35,7 +35,7 @@ import numpy as np
 
 from foreshock.models.alerting import BUDGET_CONFIDENCE, BudgetChoice, budget_threshold
 from foreshock.models.artifact import RiskModel
-from foreshock.models.evaluate import PREDICTORS, clear_ms_of, spill_scores
+from foreshock.models.evaluate import PREDICTORS, clear_ms_of, spill_scores, thresholds_of
 from foreshock.models.frame import LabelledData, LabelledStream
 from foreshock.models.scored import ScoredRows, ScoreSpill
 
@@ -84,7 +84,8 @@ def calibrate(
         spill_scores(model, data, spill, use_labels=use_labels, progress=progress, title="calibrate: scoring")
         scored = spill.seal(data.cadence_ms, [""])[""]
         choices = {p: _budget_choice(scored, p, budget_per_1000_node_days, confidence) for p in PREDICTORS}
-        applied = {p: _applied(choices[p], _trained_threshold(model, p)) for p in PREDICTORS}
+        trained = thresholds_of(model)
+        applied = {p: _applied(choices[p], trained[p]) for p in PREDICTORS}
         threshold = applied["model"]
         failures = alerting = 0
         for rows, score in scored.parts("model"):
@@ -104,10 +105,6 @@ def calibrate(
         "kept_previous": threshold != choices["model"].threshold,
     }
     return Calibration(model.with_threshold(threshold, baselines, source), source, choices, alerting, applied)
-
-
-def _trained_threshold(model: RiskModel, predictor: str) -> float:
-    return model.threshold if predictor == "model" else model.baselines[predictor]["threshold"]
 
 
 def _applied(choice: BudgetChoice, trained: float) -> float:
