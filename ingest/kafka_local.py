@@ -99,6 +99,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _accepts(port: int) -> bool:
+    """Whether a process accepts connections on 127.0.0.1:``port``.
+
+    A free port lies in the ephemeral range, so a connect to it while nothing listens can pick that
+    same port as its source and connect to itself (TCP simultaneous open): such a socket is no answer.
+    """
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            return sock.getsockname() != sock.getpeername()
+    except OSError:
+        return False
+
+
 class LocalKafka:
     """One broker process: ``start()`` formats the log dir, launches KRaft and waits for the port."""
 
@@ -161,12 +174,10 @@ class LocalKafka:
             if self.process.poll() is not None:
                 raise RuntimeError(f"Kafka broker exited with {self.process.returncode}; "
                                    f"see {self.data_dir / 'broker.log'}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            if _accepts(self.port):
                 (self.data_dir / "broker.pid").write_text(str(self.process.pid))
                 return self
-            except OSError:
-                time.sleep(0.3)
+            time.sleep(0.3)
         self.stop()
         raise TimeoutError(f"Kafka broker did not open 127.0.0.1:{self.port} in {timeout_s}s")
 

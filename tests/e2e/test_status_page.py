@@ -78,7 +78,11 @@ def page(kafka_bootstrap, alerting_model_dir, tmp_path_factory):
             answer = serve.get(f"{base}/v1/nodes?limit=1")
             return answer.json()["nodes"][0]["node"] if answer and answer.json().get("nodes") else None
 
-        wait_for("the raised node scored first", lambda: first() == RAISED_NODE, 150, explain=serve.tail)
+        def ranking() -> str:
+            answer = serve.get(f"{base}/v1/nodes?limit=4")
+            return f"{serve.tail()}\n/v1/nodes?limit=4: {answer.text[:3000] if answer else 'no answer'}"
+
+        wait_for("the raised node scored first", lambda: first() == RAISED_NODE, 150, explain=ranking)
         wait_for("the mitigator's first actions", lambda: (r := mitigate.get(f"{mitigator}/status"))
                  and r.json()["recent_actions"], 60, explain=mitigate.tail)
         yield base
