@@ -32,8 +32,11 @@ kafka-down: install
 lint: install
 	$(PY) -m ruff check .
 
+# Two test files at a time: most of the suite waits on brokers, servers and child processes.
+TEST_WORKERS ?= 2
+
 test: services lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-unit: install
 	$(PY) -m pytest tests/unit
