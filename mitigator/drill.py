@@ -15,8 +15,8 @@ Scenarios (:data:`SCENARIOS`), each on a fresh cluster:
 * ``unwarned``: B is killed with no warning; A restores from its own memory, C from A's copy. The
   mitigator runs on the bus all along and acts on nothing.
 * ``pair_lost``: A and B (each other's buddy) die together; C and D restore from the durable tier.
-* ``corrupt_replica``: B dies and the copy of B's state in A's memory is corrupted: the CRC check
-  catches it and the job falls back to the durable tier.
+* ``corrupt_replica``: B dies and the copies of B's state in A's memory (both slots) are corrupted:
+  the CRC check catches it and the job falls back to the durable tier.
 * ``during_snapshot``: B dies while a durable snapshot is being written (and a memory copy or a
   replication round is usually in flight): the unfinished snapshot is never marked complete and the
   job restores from memory.
@@ -223,19 +223,23 @@ def _max_step(events: list[dict]) -> int:
 
 
 def _corrupt_replica(c: _Cluster, node: str) -> int:
-    """Flip bytes in the newest replica ``node``'s memory holds (a memory error); its step."""
+    """Flip bytes in every replica ``node``'s memory holds (a memory error); the newest one's step.
+
+    Both slots: with the newest alone corrupted, the older slot's copy, one snapshot back, is a
+    whole restore from memory whenever its replication had finished before the failure, which
+    turns on timing; the job rightly takes it, and the scenario would not reach the durable tier."""
     from foreshock.mitigator.tiers.memory import SlotPair  # torch, which only the drill's own steps need
 
-    newest = SlotPair(c.memory_dir(node) / "local-0", "replica").newest()
-    if newest is None:
+    held = SlotPair(c.memory_dir(node) / "local-0", "replica").committed()
+    if not held:
         raise RuntimeError(f"drill: node {node} holds no replica to corrupt")
-    slot, header = newest
-    with open(slot.path, "r+b") as f:
-        f.seek(header.nbytes // 2)
-        chunk = bytearray(f.read(64))
-        f.seek(header.nbytes // 2)
-        f.write(bytes(b ^ 0xFF for b in chunk))
-    return header.step
+    for slot, header in held:
+        with open(slot.path, "r+b") as f:
+            f.seek(header.nbytes // 2)
+            chunk = bytearray(f.read(64))
+            f.seek(header.nbytes // 2)
+            f.write(bytes(b ^ 0xFF for b in chunk))
+    return held[0][1].step
 
 
 def run_scenario(work: Path, name: str, settings: DrillSettings | None = None,
