@@ -5,8 +5,6 @@ the shipped ones), in buckets of any size; and the benchmark runs to its end on 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,7 @@ from foreshock.features.batch import compute_features
 from foreshock.features.default_set import XID_CLASSES
 from foreshock.features.kernels import AGGREGATIONS, reduce_direct
 from foreshock.features.spec import Feature, FeatureSet
-from tests.fixtures.predictor import simulator
+from tests.fixtures.predictor import judge_variants
 from tests.unit.test_features_parity import make_stream
 from tests.unit.test_features_reference import B, _dedup, _increases
 
@@ -96,17 +94,7 @@ def test_trend_and_weight_do_not_depend_on_the_bucket_size(sequence, bucket_ms):
 
 
 def test_the_sequence_benchmark_judges_both_variants_on_an_unseen_pool(predictor_dataset, tmp_path):
-    from foreshock.ingest.simulator import write_dataset
-
-    unseen = write_dataset(simulator(24 * 60, seed=2), tmp_path / "unseen")
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "sequence_features.py"), "--train", str(predictor_dataset),
-         "--pool", f"unseen={unseen}", "--out", str(tmp_path / "runs")],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| pool unseen")]
-    assert [row.split(" | ")[1:3] for row in rows] == [
+    assert judge_variants(BENCHMARKS / "sequence_features.py", predictor_dataset, tmp_path) == [
         ["base", "model"], ["base", "logistic"], ["sequence", "model"], ["sequence", "logistic"]
     ]
     model = json.loads((tmp_path / "runs" / "sequence" / "model" / "risk_model.json").read_text())
