@@ -121,6 +121,28 @@ def train(
     print_table(json.loads((out / "metrics.json").read_text()))
     where = f"registered as foreshock-risk version {model.version}" if model.version else "not registered"
     typer.echo(f"model written to {out / 'model'} ({where}); report: {out / 'report.md'}")
+    warning = uncertified_warning(model.threshold_source)
+    if warning:
+        typer.echo(warning, err=True)
+
+
+def uncertified_warning(source: dict) -> str | None:
+    """What an operator must hear when the rows out of fold were too few to bound the threshold's
+    false alarms within the budget (``source``: the model's ``threshold_source``); None when they
+    did. The report says it too, but a threshold that may spend twice its budget should not pass
+    unnoticed at the console."""
+    from foreshock.models.alerting import poisson_upper_bound
+
+    if source.get("certified", True):
+        return None
+    confidence, budget = source["confidence"], source["budget_false_alarms_per_1000_node_days"]
+    needed = poisson_upper_bound(0, confidence) * 1000 / budget
+    return (
+        f"warning: the alert threshold is not certified: {source['node_days']:,.0f} node-days out of "
+        f"fold bound its false alarms at {source['false_alarms_upper_bound_per_1000_node_days']:.2f} per "
+        f"1,000 node-days ({confidence * 100:g} %), above the budget of {budget:g}; certifying it takes "
+        f"about {needed:,.0f} with no alarm (a longer history, or `foreshock calibrate` on more days)"
+    )
 
 
 def evaluate(

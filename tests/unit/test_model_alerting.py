@@ -240,6 +240,19 @@ def test_too_few_node_days_to_certify_the_budget_keep_no_false_alarm():
         rows.threshold_for_budget(score, -1.0)
 
 
+def test_train_warns_at_the_console_of_a_threshold_it_could_not_certify():
+    from foreshock.commands.train import uncertified_warning
+
+    rows, score = _cluster(SPIKES, caught_at=0.95)
+    source = rows.threshold_for_budget(score, 100.0).to_json()
+    assert uncertified_warning(source) == (
+        f"warning: the alert threshold is not certified: {source['node_days']:,.0f} node-days out of fold "
+        "bound its false alarms at 230.26 per 1,000 node-days (90 %), above the budget of 100; certifying "
+        "it takes about 23 with no alarm (a longer history, or `foreshock calibrate` on more days)"
+    )
+    assert uncertified_warning({**source, "certified": True}) is None
+
+
 def test_recall_at_equal_false_alarm_rates_sets_the_threshold_on_the_rows_themselves():
     rows = EvalRows(_frame(), MIN)
     one = 1 / rows.node_days * 1000  # one false alarm per 1,000 node-days on these 200 minutes

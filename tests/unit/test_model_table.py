@@ -131,6 +131,10 @@ def test_train_and_evaluate_on_the_table_give_the_in_memory_metrics(
     assert result.exit_code == 0, result.output
     want = json.loads((trained_in_memory / "metrics.json").read_text())
     got = json.loads((out / "metrics.json").read_text())
+    choice = got["_info"]["threshold_selection"]["model"]
+    assert not choice["certified"]  # a small cluster's few node-days: the console says so
+    assert (f"not certified: {choice['node_days']:,.0f} node-days out of fold bound its false alarms at "
+            f"{choice['false_alarms_upper_bound_per_1000_node_days']:.2f}") in result.output
     assert want["model"]["positives"] > 0
     assert _without_time(got) == _without_time(want)
 
