@@ -24,13 +24,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
+from threadpoolctl import threadpool_limits
 
 from foreshock.features.buckets import counter_increases
 from foreshock.features.table import FeatureTable
 from foreshock.ingest.dataset import part_paths
 from foreshock.models.labels import node_codes
 
-__all__ = ["CRITICAL_XIDS", "RULE_COLUMNS", "RuleEvidence", "rule_inputs", "rule_scores", "LogisticBaseline"]
+__all__ = ["CRITICAL_XIDS", "RULE_COLUMNS", "RuleEvidence", "rule_inputs", "rule_scores", "LogisticBaseline",
+           "one_blas_thread"]
 
 # NVSentinel severity FATAL in reference/xid_catalog.csv (NVIDIA/NVSentinel xiderrorsmapping.csv).
 CRITICAL_XIDS = frozenset(
@@ -73,6 +75,16 @@ SBE_REFERENCE_PER_MIN = 1.0
 # rows standardised at once by LogisticBaseline: 26 MB of float64 for 101 features, and a few
 # copies of it; a multiple of 8, so that BLAS rounds every row as it would in one block
 _BLOCK_ROWS = 1 << 15
+
+
+def one_blas_thread() -> threadpool_limits:
+    """BLAS on one thread inside the ``with`` block. A product split among threads sums in
+    another order, and its last bit changes with the machine's cores; the logistic fit (lbfgs
+    stopped at its iteration budget) carries that into its coefficients, and the trees boosted
+    from its log-odds and the alert threshold chosen on them follow: a 2-core machine trained
+    another threshold than the same command pinned to one core. On one thread the same data
+    gives the same model on any number of cores."""
+    return threadpool_limits(1, user_api="blas")
 
 
 def _bucket(ts: np.ndarray, cadence_ms: int) -> np.ndarray:
@@ -300,7 +312,7 @@ class LogisticBaseline:
         mean, scale = x.mean(axis=0), x.std(axis=0)
         scale[scale == 0] = 1.0
         clf = LogisticRegression(class_weight="balanced", max_iter=200, C=1.0)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), one_blas_thread():
             # the fixed iteration budget is the recipe (see :meth:`matrix`): where lbfgs reaches
             # it unconverged (it does on a fleet's month) the fit is the one intended, not a fault
             warnings.simplefilter("ignore", ConvergenceWarning)
@@ -330,8 +342,9 @@ class LogisticBaseline:
         """The fitted log-odds for a matrix in ``feature_names`` order (missing values imputed),
         a block of rows at a time: standardising makes copies, and a training matrix is gigabytes."""
         out = np.empty(len(x))
-        for i in range(0, len(x), _BLOCK_ROWS):
-            out[i : i + _BLOCK_ROWS] = self._standardised(x[i : i + _BLOCK_ROWS]) @ self.coef_
+        with one_blas_thread():
+            for i in range(0, len(x), _BLOCK_ROWS):
+                out[i : i + _BLOCK_ROWS] = self._standardised(x[i : i + _BLOCK_ROWS]) @ self.coef_
         return out + self.intercept_
 
     def frame_log_odds(self, frame: pd.DataFrame) -> np.ndarray:

@@ -72,7 +72,7 @@ from foreshock.features.default_set import RISK_DIRECTIONS
 from foreshock.features.table import release_freed_memory
 from foreshock.models.alerting import ALERT_CLEAR_MS, BUDGET_CONFIDENCE, BudgetChoice, EvalRows
 from foreshock.models.artifact import RiskModel
-from foreshock.models.baselines import LogisticBaseline, rule_scores
+from foreshock.models.baselines import LogisticBaseline, one_blas_thread, rule_scores
 from foreshock.models.evaluate import (
     PREDICTORS,
     SharedLogOdds,
@@ -619,7 +619,8 @@ def choose_prior_weight(judged: dict[float, dict[str, float]]) -> float:
 def platt_calibration(margin: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """``(a, b)`` with ``P = sigmoid(a * margin + b)`` fitted on validation; ``a`` kept positive so
     the map stays monotone even for a model with no skill."""
-    lr = LogisticRegression(C=1e6, max_iter=1000).fit(margin.reshape(-1, 1), y)
+    with one_blas_thread():  # the map rounds alike on any number of cores
+        lr = LogisticRegression(C=1e6, max_iter=1000).fit(margin.reshape(-1, 1), y)
     return max(float(lr.coef_[0, 0]), MIN_PLATT_SLOPE), float(lr.intercept_[0])
 
 

@@ -127,6 +127,46 @@ def test_logistic_fit_to_its_iteration_budget_warns_no_one(monkeypatch):
     assert [w.category for w in heard] == [RuntimeWarning]
 
 
+def _blas_threads() -> int:
+    from threadpoolctl import threadpool_info
+
+    return max(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
+
+
+def test_the_logistic_fit_its_log_odds_and_the_platt_map_run_blas_on_one_thread(monkeypatch):
+    """Their sums must round alike on any number of cores (:func:`one_blas_thread`): a caller
+    that lets BLAS use two threads still gets one inside each of them."""
+    from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_limits
+
+    import foreshock.models.baselines as baselines
+    from foreshock.models.train import platt_calibration
+
+    seen: list[tuple[str, int]] = []
+    fit, standardised = LogisticRegression.fit, baselines.LogisticBaseline._standardised
+
+    def recording_fit(self, *args, **kwargs):
+        seen.append(("fit", _blas_threads()))
+        return fit(self, *args, **kwargs)
+
+    def recording_standardised(self, x):
+        seen.append(("log_odds", _blas_threads()))
+        return standardised(self, x)
+
+    monkeypatch.setattr(LogisticRegression, "fit", recording_fit)
+    monkeypatch.setattr(baselines.LogisticBaseline, "_standardised", recording_standardised)
+    rng = np.random.default_rng(4)
+    x = pd.DataFrame({"a": rng.normal(size=2000), "b": rng.normal(size=2000)})
+    y = (x["a"] > 1.0).astype(int).to_numpy()
+    with threadpool_limits(2, user_api="blas"):
+        assert _blas_threads() == 2  # the caller's setting, which each step must override
+        lr = LogisticBaseline(["a", "b"]).fit(x, y)
+        platt_calibration(lr.frame_log_odds(x), y)
+        assert _blas_threads() == 2  # and give back
+    assert [step for step, _ in seen] == ["fit", "log_odds", "fit"]
+    assert [threads for _, threads in seen] == [1, 1, 1]
+
+
 def test_rule_evidence_sums_each_rows_window_of_its_own_nodes_buckets():
     from foreshock.models.baselines import RuleEvidence
 
