@@ -83,7 +83,8 @@ def one_blas_thread() -> threadpool_limits:
     stopped at its iteration budget) carries that into its coefficients, and the trees boosted
     from its log-odds and the alert threshold chosen on them follow: a 2-core machine trained
     another threshold than the same command pinned to one core. On one thread the same data
-    gives the same model on any number of cores."""
+    gives the same model on any number of cores. The limit holds for the whole process while the
+    block runs (BLAS keeps one setting), so other threads' products run on one thread meanwhile."""
     return threadpool_limits(1, user_api="blas")
 
 
