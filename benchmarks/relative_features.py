@@ -37,7 +37,9 @@ LEVELS = (
 @dataclass(frozen=True)
 class Columns:
     """A subset of the shipped set's columns, named as a feature set is: the variant's model reads
-    only these, from features computed with the whole set."""
+    only these, from features computed with the whole set. Not ``FeatureSet.select``, which drops
+    a peer score with its base feature: this variant keeps ``peer_z__gpu_temp__max__30m`` while it
+    drops ``gpu_temp__max__30m``."""
 
     names: tuple[str, ...]
 
