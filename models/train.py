@@ -436,6 +436,19 @@ class _Dataset(lgb.Dataset):
     def get_params(self) -> dict[str, Any]:
         return dict(self.params or {})
 
+    def _Dataset__sample(
+        self, seqs: list[lgb.Sequence], total_nrow: int
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """LightGBM's sample of the rows it sets the bins by (``lightgbm.Dataset.__sample``, which
+        this overrides): the same rows, read a block at a time (:meth:`FeatureRows.take`), where
+        the library asks for them a row at a time, 200,000 Python calls and about 2 s a fit. Each
+        feature's sampled values, leaving out zeros, and the sampled rows they come from."""
+        (features,) = seqs  # _fit_booster hands LightGBM one FeatureRows
+        sampled = features.take(self._create_sample_indices(total_nrow=total_nrow))
+        rows = np.arange(len(sampled), dtype=np.int32)
+        kept = [(np.abs(column) > lgb.basic.ZERO_THRESHOLD) | np.isnan(column) for column in sampled.T]
+        return [column[k] for column, k in zip(sampled.T, kept, strict=True)], [rows[k] for k in kept]
+
 
 def _valid_weight(
     y_val: np.ndarray | None, weight: np.ndarray | None, val_weight: np.ndarray | None

@@ -371,6 +371,24 @@ def test_trees_bin_rows_read_in_blocks_as_they_bin_one_matrix():
     assert trees[0] == trees[1] and "Tree=19" in trees[0]
 
 
+def test_the_bin_sample_read_a_block_at_a_time_is_lightgbms_own_sample_read_a_row_at_a_time():
+    """``train._Dataset`` overrides LightGBM's private ``Dataset.__sample``, which fetches each
+    sampled row with a Python call; a LightGBM that renames it would silently go back to that."""
+    rng = np.random.default_rng(8)
+    n = 3 * FEATURE_BLOCK_ROWS + 5
+    x = pd.DataFrame({"a": rng.normal(size=n), "zeros": np.where(rng.random(n) < 0.7, 0.0, 1.0),
+                      "gaps": np.where(rng.random(n) < 0.2, np.nan, rng.normal(size=n))})
+    rows = FeatureRows(x, list(x.columns))
+    params = {"bin_construct_sample_cnt": 50_000, "seed": 3, "verbose": -1}
+    dataset = foreshock.models.train._Dataset(rows, params=params)
+    ours = dataset._Dataset__sample(seqs=[rows], total_nrow=n)
+    theirs = lgb.Dataset._Dataset__sample(dataset, seqs=[rows], total_nrow=n)
+    assert [len(v) for v in ours[0]] == [len(v) for v in theirs[0]] and len(ours[0][1]) < 0.5 * 50_000
+    for ours_part, theirs_part in zip(ours, theirs, strict=True):
+        for a, b in zip(ours_part, theirs_part, strict=True):
+            assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+
+
 def test_weighted_trees_stop_on_the_validation_rows_read_in_blocks_as_on_one_matrix():
     """With weighted training rows (thinned negatives), validation read a block at a time still
     judges every iteration by its average precision: the trees kept are those kept when
