@@ -338,8 +338,8 @@ class LogisticBaseline:
     def _standardised(self, x: np.ndarray) -> np.ndarray:
         """``x`` standardised, missing and infinite values imputed with the median: one float64
         copy, column-major (see :meth:`matrix`), worked on in place; scoring a fleet's rows spends
-        its time here, and a block that stays in the processor's cache (:data:`_BLOCK_ROWS`) takes a
-        third less of it than one that does not."""
+        its time here, so a block is small enough (:data:`_BLOCK_ROWS`) for these passes over it to
+        stay in the processor's cache."""
         z = np.array(x, dtype=np.float64, order="F")
         np.copyto(z, np.broadcast_to(self.median_, z.shape), where=~np.isfinite(z))
         z -= self.mean_

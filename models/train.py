@@ -441,7 +441,7 @@ class _Dataset(lgb.Dataset):
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """LightGBM's sample of the rows it sets the bins by (``lightgbm.Dataset.__sample``, which
         this overrides): the same rows, read a block at a time (:meth:`FeatureRows.take`), where
-        the library asks for them a row at a time, 200,000 Python calls and about 2 s a fit. Each
+        the library asks for them a row at a time (200,000 Python calls a fit by default). Each
         feature's sampled values, leaving out zeros, and the sampled rows they come from."""
         (features,) = seqs  # _fit_booster hands LightGBM one FeatureRows
         sampled = features.take(self._create_sample_indices(total_nrow=total_nrow))
