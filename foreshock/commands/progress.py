@@ -1,8 +1,9 @@
 """Progress bars with a time estimate for the long commands, drawn with rich on stderr.
 
 The engines below the CLI take a plain callback, ``progress(label, done, total)``; this module
-turns it into one bar per label, so ``features``, ``train`` and ``evaluate`` show each stage (the
-feature passes, loading the table, fitting, scoring) with its own estimate of the time left.
+turns it into one bar per label, so ``simulate``, ``features``, ``train``, ``evaluate`` and
+``calibrate`` show each stage (the samples written, the feature passes, loading the table,
+fitting, scoring) with its own estimate of the time left.
 """
 
 from __future__ import annotations

@@ -66,37 +66,25 @@ def simulate(
     except (ProfileError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from foreshock.commands.progress import progress_bars
 
-    columns = (
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:,}/{task.total:,} samples"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, transient=False) as bar:
-        task = bar.add_task(f"{prof.name}: {nodes} nodes", total=sim.gpu_samples)
+    label = f"{prof.name}: {nodes} nodes, GPU samples"
+    with progress_bars() as progress:
+
+        def advance(ts: int) -> None:
+            progress(label, _done(sim, ts), sim.gpu_samples)
+
         if out is not None:
-            write_dataset(
-                sim,
-                out,
-                overwrite=overwrite,
-                on_chunk=lambda c: bar.update(task, completed=_done(sim, c.end_ms)),
-            )
+            write_dataset(sim, out, overwrite=overwrite, on_chunk=lambda c: advance(c.end_ms))
         else:
             from foreshock.commands.brokers import connect_kafka
 
             bus = connect_kafka(kafka, "simulate")
             try:
-                stream(
-                    sim,
-                    bus,
-                    speed=speed or None,
-                    on_step=lambda ts: bar.update(task, completed=_done(sim, ts)),
-                )
+                stream(sim, bus, speed=speed or None, on_step=advance)
             finally:
                 bus.close()
-        bar.update(task, completed=sim.gpu_samples)
+        progress(label, sim.gpu_samples, sim.gpu_samples)
     failures = len(sim.schedule.failures)
     where = out if out is not None else f"kafka {kafka}"
     typer.echo(
