@@ -120,7 +120,8 @@ def _stage_main(report: str, argv: list[str]) -> None:
             spent["lightgbm_train_calls"] += 1
 
     lightgbm.train = timed
-    app = _cli(argv[0])
+    from foreshock.cli import app  # imports the stage's command module alone
+
     try:
         app(argv, standalone_mode=False)
     finally:
@@ -163,19 +164,6 @@ def _calibrate(model: Path, data: Path, table: Path, out: Path, workdir: Path) -
     argv = ["calibrate", "--model", str(model), "--data", str(data), "--features", str(table),
             "--budget", "1", "--no-register", "--out", str(out)]
     return run_stage("calibrate", argv, workdir)
-
-
-def _cli(command: str) -> Any:
-    """The ``foreshock`` CLI with only the module of ``command`` registered (the stage does not
-    import the other commands)."""
-    import typer
-
-    app = typer.Typer()
-    app.callback()(lambda: None)  # a group, so that the command is named as on the real CLI
-    module = {"simulate": "simulate", "features": "features", "train": "train", "evaluate": "train",
-              "calibrate": "calibrate"}[command]
-    importlib.import_module(f"foreshock.commands.{module}").register(app)
-    return app
 
 
 def measure_size(

@@ -80,6 +80,7 @@ def test_every_exec_start_is_a_command_line_the_cli_accepts(unit):
     line = re.sub(r"\$(\w+)", lambda m: env[m.group(1)], line)  # split into words, as systemd does
     binary, name, *args = shlex.split(line)
     assert binary == INSTALLED
-    command = typer.main.get_command(app).commands[name]
+    group = typer.main.get_command(app)
+    command = group.get_command(typer.Context(group), name)
     with command.make_context(name, args) as ctx:
         assert ctx.params
