@@ -31,9 +31,9 @@ foreshock/commands/ (which exposes ``register(app)``)."""
 
 class _CommandsOnDemand(typer.core.TyperGroup):
     """The commands of :data:`COMMANDS`, each built from its module when asked for. A collector
-    runs on every GPU node: imported with every other command's module (the simulator, the
-    goodput plots: pandas, SciPy, matplotlib, pyarrow), it held about 190 MiB and started in
-    about 2 s, where its own module needs numpy."""
+    runs on every GPU node, where the libraries of the batch commands (pandas, SciPy, matplotlib
+    and pyarrow, for the simulator and the goodput plots) would take several times the memory
+    of the collector itself and seconds to start it."""
 
     def list_commands(self, ctx: Any) -> list[str]:
         return list(COMMANDS)

@@ -31,7 +31,7 @@ def test_every_option_of_every_command_has_help_text():
 
 def test_a_collector_loads_none_of_the_batch_libraries():
     """A collector runs on every GPU node: the simulator's and the plots' libraries (pandas,
-    SciPy, matplotlib, pyarrow) would triple its memory."""
+    SciPy, matplotlib, pyarrow) would take several times its memory."""
     probe = (
         "import sys, typer.main\n"
         "from foreshock.cli import app\n"
