@@ -76,14 +76,25 @@ class _TableReader:
         if not table.num_rows:
             return
         self.newest = max(self.newest, pc.max(table.column("ts")).as_py())
-        frame = table.to_pandas()
         if self._keep is not None:
-            node = frame["node"].astype("category").cat
-            wanted = np.array([self._keep(str(n)) for n in node.categories] + [False])
-            frame = frame[wanted[node.codes.to_numpy()]]
+            table = table.filter(self._kept(table.column("node")))
+        frame = table.to_pandas()
         if len(frame):
             self._pending.append(to_columns(self.kind, frame, self._fs, self._nodes, self._ports))
             self.pending_rows += len(frame)
+
+    def _kept(self, node: pa.ChunkedArray) -> np.ndarray:
+        """Which rows ``keep`` selects, decided once per distinct node (the column comes as a
+        dictionary): a pass drops the other passes' rows before they are converted, which would
+        cost it as much as its own rows for each pass there is."""
+        assert self._keep is not None
+        masks = []
+        for chunk in node.chunks:
+            if not pa.types.is_dictionary(chunk.type):
+                chunk = chunk.dictionary_encode()
+            wanted = np.array([self._keep(str(n)) for n in chunk.dictionary.to_pylist()] + [False])
+            masks.append(wanted[chunk.indices.fill_null(len(chunk.dictionary)).to_numpy()])
+        return np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
 
     def take(self, cut: float) -> Columns | None:
         """The rows older than ``cut``; the rest stay pending."""
