@@ -58,24 +58,33 @@ class _TableReader:
         self.newest = -np.inf  # the newest ts read: every older row of this table has been read
         self.done = False
 
-    def _row_groups(self, data_dir: Path) -> Iterator[pa.Table]:
+    def _row_groups(self, data_dir: Path) -> Iterator[tuple[pa.Table, int]]:
+        """Each row group, and its newest ``ts``: from the part's statistics where it has them
+        (a pass of a dataset read in several reads every row group, its own nodes' or not)."""
         for path in part_paths(data_dir, self.kind):
             names = pq.read_schema(path).names
             file = pq.ParquetFile(path, read_dictionary=[c for c in _STRINGS if c in names])
             cols = [c for c in needed_columns(self.kind, self._fs) if c in names]
+            meta = file.metadata
+            ts = [meta.schema.column(j).path for j in range(meta.num_columns)].index("ts")
             for i in range(file.num_row_groups):
-                yield file.read_row_group(i, columns=cols)
+                table = file.read_row_group(i, columns=cols)
+                stats = meta.row_group(i).column(ts).statistics
+                if stats is not None and stats.has_min_max:
+                    yield table, int(stats.max)
+                elif table.num_rows:
+                    yield table, int(pc.max(table.column("ts")).as_py())
 
     def advance(self) -> None:
         """Read the next row group (or learn that there is none)."""
         try:
-            table = next(self._groups)
+            table, newest = next(self._groups)
         except StopIteration:
             self.done = True
             return
         if not table.num_rows:
             return
-        self.newest = max(self.newest, pc.max(table.column("ts")).as_py())
+        self.newest = max(self.newest, newest)
         if self._keep is not None:
             table = table.filter(self._kept(table.column("node")))
         frame = table.to_pandas()

@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 import foreshock.features.batch as batch
@@ -81,6 +82,21 @@ def test_several_passes_over_peer_groups_give_the_same_table(dataset, at_once, m
     plan = batch._plan(FS, (0, 1), 6, 60_000, None, None, None)
     assert plan.passes == FS.peer_partitions
     pd.testing.assert_frame_equal(compute_features(dataset, nodes_per_group=1), at_once)
+
+
+def test_parts_without_statistics_are_read_in_time_order_too(dataset, at_once, tmp_path, monkeypatch):
+    """A row group's newest ts comes from the part's statistics; a part written without them
+    (another writer's) is read from its column: still a slice at a time, and the same table."""
+    bare = tmp_path / "bare"
+    shutil.copytree(dataset, bare)
+    for kind in ("gpu", "xid", "link"):
+        for path in part_paths(bare, kind):
+            table = pq.read_table(path)
+            pq.write_table(table, path, write_statistics=False, row_group_size=1_500)
+            assert pq.ParquetFile(path).metadata.row_group(0).column(0).statistics is None
+    monkeypatch.setattr(timeslices, "SLICE_ROWS", 3_000)
+    assert len(list(time_slices(bare, FS, Codes(), Codes()))) > 10
+    pd.testing.assert_frame_equal(compute_features(bare), at_once)
 
 
 def test_the_table_on_disk_holds_the_rows_by_peer_group_and_day(dataset, at_once, tmp_path):
