@@ -98,9 +98,7 @@ class _TableReader:
         cost it as much as its own rows for each pass there is."""
         assert self._keep is not None
         masks = []
-        for chunk in node.chunks:
-            if not pa.types.is_dictionary(chunk.type):
-                chunk = chunk.dictionary_encode()
+        for chunk in node.chunks:  # read as a dictionary (``_STRINGS``)
             wanted = np.array([self._keep(str(n)) for n in chunk.dictionary.to_pylist()] + [False])
             masks.append(wanted[chunk.indices.fill_null(len(chunk.dictionary)).to_numpy()])
         return np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
