@@ -58,50 +58,32 @@ class _TableReader:
         self.newest = -np.inf  # the newest ts read: every older row of this table has been read
         self.done = False
 
-    def _row_groups(self, data_dir: Path) -> Iterator[tuple[pa.Table, int]]:
-        """Each row group, and its newest ``ts``: from the part's statistics where it has them
-        (a pass of a dataset read in several reads every row group, its own nodes' or not)."""
+    def _row_groups(self, data_dir: Path) -> Iterator[pa.Table]:
         for path in part_paths(data_dir, self.kind):
             names = pq.read_schema(path).names
             file = pq.ParquetFile(path, read_dictionary=[c for c in _STRINGS if c in names])
             cols = [c for c in needed_columns(self.kind, self._fs) if c in names]
-            meta = file.metadata
-            ts = [meta.schema.column(j).path for j in range(meta.num_columns)].index("ts")
             for i in range(file.num_row_groups):
-                table = file.read_row_group(i, columns=cols)
-                stats = meta.row_group(i).column(ts).statistics
-                if stats is not None and stats.has_min_max:
-                    yield table, int(stats.max)
-                elif table.num_rows:
-                    yield table, int(pc.max(table.column("ts")).as_py())
+                yield file.read_row_group(i, columns=cols)
 
     def advance(self) -> None:
         """Read the next row group (or learn that there is none)."""
         try:
-            table, newest = next(self._groups)
+            table = next(self._groups)
         except StopIteration:
             self.done = True
             return
         if not table.num_rows:
             return
-        self.newest = max(self.newest, newest)
-        if self._keep is not None:
-            table = table.filter(self._kept(table.column("node")))
+        self.newest = max(self.newest, pc.max(table.column("ts")).as_py())
         frame = table.to_pandas()
+        if self._keep is not None:
+            node = frame["node"].astype("category").cat
+            wanted = np.array([self._keep(str(n)) for n in node.categories] + [False])
+            frame = frame[wanted[node.codes.to_numpy()]]
         if len(frame):
             self._pending.append(to_columns(self.kind, frame, self._fs, self._nodes, self._ports))
             self.pending_rows += len(frame)
-
-    def _kept(self, node: pa.ChunkedArray) -> np.ndarray:
-        """Which rows ``keep`` selects, decided once per distinct node (the column comes as a
-        dictionary): a pass drops the other passes' rows before they are converted, which would
-        cost it as much as its own rows for each pass there is."""
-        assert self._keep is not None
-        masks = []
-        for chunk in node.chunks:  # read as a dictionary (``_STRINGS``)
-            wanted = np.array([self._keep(str(n)) for n in chunk.dictionary.to_pylist()] + [False])
-            masks.append(wanted[chunk.indices.fill_null(len(chunk.dictionary)).to_numpy()])
-        return np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
 
     def take(self, cut: float) -> Columns | None:
         """The rows older than ``cut``; the rest stay pending."""

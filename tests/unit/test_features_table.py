@@ -85,8 +85,8 @@ def test_several_passes_over_peer_groups_give_the_same_table(dataset, at_once, m
 
 
 def test_parts_without_statistics_are_read_in_time_order_too(dataset, at_once, tmp_path, monkeypatch):
-    """A row group's newest ts comes from the part's statistics; a part written without them
-    (another writer's) is read from its column: still a slice at a time, and the same table."""
+    """Parts written without statistics (another writer's): the dataset's extent comes from
+    their ts columns, and the table is the same, still read a slice at a time."""
     bare = tmp_path / "bare"
     shutil.copytree(dataset, bare)
     for kind in ("gpu", "xid", "link"):
