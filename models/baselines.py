@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cache, cached_property
@@ -110,19 +111,16 @@ def _gpu_increments(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
     """Per (node, bucket) with an increase: increases of the uncorrectable and SBE counters,
     summed over GPUs (buckets with none are left out: they are nearly all of a fleet's rows).
 
-    Reads the GPU table part by part (never all of it at once); the increases follow the feature
-    engines' rule (:func:`foreshock.features.buckets.counter_increases`), each GPU's last value
-    carried across parts."""
+    Reads the GPU table a row group at a time (its rows in time order: a part's rows are sorted
+    by time and its row groups follow each other); the increases follow the feature engines' rule
+    (:func:`foreshock.features.buckets.counter_increases`), each GPU's last value carried from one
+    row group to the next. A whole part at a time, the float64 working arrays of a part's million
+    rows outweighed everything else ``features`` holds on a small fleet."""
     counters = (*UNCORRECTABLE_COUNTERS, SBE_COUNTER)
     node_ids: dict[str, int] = {}
-    out: list[pd.DataFrame] = []
+    rose_rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     carry = np.empty((0, 0, len(counters)))
-    for path in part_paths(data_dir, "gpu"):
-        present = [c for c in counters if c in set(pq.read_schema(path).names)]
-        if not present:
-            continue
-        df = pq.read_table(path, columns=["node", "ts", "gpu", *present]).to_pandas()
-        df = df.iloc[np.argsort(df["ts"].to_numpy(dtype=np.int64), kind="stable")]
+    for df, present in _gpu_counter_groups(data_dir, counters):
         codes, uniques = pd.factorize(df["node"])  # a category column: no string per row
         ids = np.array([node_ids.setdefault(str(u), len(node_ids)) for u in uniques], dtype=np.int64)
         node = ids[codes]
@@ -132,27 +130,41 @@ def _gpu_increments(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
         )
         inc, carry = counter_increases(vals, node, df["gpu"].to_numpy(dtype=np.int64), carry)
         uncorrectable, sbe = inc[: len(UNCORRECTABLE_COUNTERS)].sum(axis=0), inc[-1]
-        # a window sum reads only the increases: the rows without one are left out before they
-        # are grouped (a group's sum is that of its other rows), and the groups summing to none after
+        # a window sum reads only the increases: the rows without one, nearly all, are left out
         rose = (uncorrectable != 0) | (sbe != 0)
-        out.append(
-            pd.DataFrame(
-                {
-                    "nid": node[rose],
-                    "ts": _bucket(df["ts"].to_numpy(dtype=np.int64)[rose], cadence_ms),
-                    "uncorrectable": uncorrectable[rose],
-                    "sbe": sbe[rose],
-                }
-            )
-            .groupby(["nid", "ts"], as_index=False)
-            .sum()
-            .query("uncorrectable != 0 or sbe != 0")
-        )
-    if not out:
+        ts = _bucket(df["ts"].to_numpy(dtype=np.int64)[rose], cadence_ms)
+        rose_rows.append((node[rose], ts, uncorrectable[rose], sbe[rose]))
+    if not rose_rows:
         return pd.DataFrame({"node": pd.Series(dtype=str), "ts": [], "uncorrectable": [], "sbe": []})
-    agg = pd.concat(out, ignore_index=True).groupby(["nid", "ts"], as_index=False).sum()
+    nid, ts, uncorrectable, sbe = (np.concatenate(column) for column in zip(*rose_rows, strict=True))
+    agg = (
+        pd.DataFrame({"nid": nid, "ts": ts, "uncorrectable": uncorrectable, "sbe": sbe})
+        .groupby(["nid", "ts"], as_index=False)
+        .sum()
+        .query("uncorrectable != 0 or sbe != 0")  # the counts are whole: a sum is 0 only if its rows are
+    )
     names = np.array(list(node_ids), dtype=object)
-    return agg.assign(node=names[agg["nid"].to_numpy()]).drop(columns="nid")
+    return agg.assign(node=names[agg["nid"].to_numpy()]).drop(columns="nid").reset_index(drop=True)
+
+
+def _gpu_counter_groups(
+    data_dir: Path, counters: tuple[str, ...]
+) -> Iterator[tuple[pd.DataFrame, list[str]]]:
+    """The GPU table's row groups in time order (node, ts, gpu and the ``counters`` its part
+    holds), with those counters' names; parts that hold none of them are skipped."""
+    for path in part_paths(data_dir, "gpu"):
+        present = [c for c in counters if c in set(pq.read_schema(path).names)]
+        if not present:
+            continue
+        file = pq.ParquetFile(path, read_dictionary=["node"])
+        for i in range(file.num_row_groups):
+            df = file.read_row_group(i, columns=["node", "ts", "gpu", *present]).to_pandas()
+            if not len(df):
+                continue
+            ts = df["ts"].to_numpy(dtype=np.int64)
+            if (ts[1:] < ts[:-1]).any():  # a part written against the layout: its rows in time order
+                df = df.iloc[np.argsort(ts, kind="stable")]
+            yield df, present
 
 
 def _critical_xids(data_dir: Path, cadence_ms: int) -> pd.DataFrame:

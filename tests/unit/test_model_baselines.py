@@ -57,6 +57,38 @@ def test_rule_inputs_count_increases_across_parts_resets_and_windows(tmp_path):
     assert scores[got["rule_critical"].to_numpy() == 0].max() < 1.0
 
 
+def test_rule_inputs_are_the_same_however_the_parts_are_cut_into_row_groups(tmp_path):
+    """The GPU table is read a row group at a time: each GPU's last count carries from one row
+    group to the next, so an increase that straddles two is counted once, as in one piece."""
+    minutes, nodes, gpus = 30, ["n0", "n1"], 2
+    ts, node, gpu = (a.ravel() for a in np.meshgrid(np.arange(minutes) * MIN, np.arange(2), np.arange(gpus),
+                                                    indexing="ij"))
+    rng = np.random.default_rng(3)
+    telemetry = pd.DataFrame(
+        {
+            "node": np.array(nodes)[node],
+            "ts": ts,
+            "gpu": gpu,
+            "ecc_sbe_vol_total": 500.0 + np.cumsum(rng.integers(0, 3, len(ts))),
+            "ecc_dbe_vol_total": (ts >= 12 * MIN) & (node == 1) & (gpu == 0),
+        }
+    ).astype({"ecc_dbe_vol_total": float})
+    ticks = np.arange(1, minutes + 1) * MIN
+    rows = pd.DataFrame({"node": np.repeat(nodes, minutes), "ts": np.tile(ticks, len(nodes))})
+    xid = pd.DataFrame({"node": ["n0"], "ts": [3 * MIN], "gpu": [0], "xid": [79], "count": [1]})
+    evidence = []
+    for rows_per_group in (len(telemetry), 7):
+        d = tmp_path / f"groups-{rows_per_group}"
+        for table, frame in (("gpu", telemetry), ("xid", xid)):
+            (d / table).mkdir(parents=True)
+            frame.to_parquet(d / table / "part-00000.parquet", row_group_size=rows_per_group)
+        (d / "manifest.json").write_text(json.dumps({"schema_version": 1}))
+        evidence.append(rule_inputs(d, rows, MIN, window_ms=10 * MIN))
+    whole, cut = evidence
+    assert whole["rule_sbe_per_min"].sum() > 0 and whole["rule_critical"].sum() > 1
+    pd.testing.assert_frame_equal(cut, whole, check_exact=True)
+
+
 def test_logistic_round_trips_through_json_and_ranks_the_signal():
     rng = np.random.default_rng(0)
     x = pd.DataFrame({"a": rng.normal(size=4000), "b": rng.normal(size=4000)})
