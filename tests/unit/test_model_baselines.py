@@ -61,8 +61,8 @@ def test_rule_inputs_are_the_same_however_the_parts_are_cut_into_row_groups(tmp_
     """The GPU table is read a row group at a time: each GPU's last count carries from one row
     group to the next, so an increase that straddles two is counted once, as in one piece."""
     minutes, nodes, gpus = 30, ["n0", "n1"], 2
-    ts, node, gpu = (a.ravel() for a in np.meshgrid(np.arange(minutes) * MIN, np.arange(2), np.arange(gpus),
-                                                    indexing="ij"))
+    grid = np.meshgrid(np.arange(minutes) * MIN, np.arange(len(nodes)), np.arange(gpus), indexing="ij")
+    ts, node, gpu = (a.ravel() for a in grid)
     rng = np.random.default_rng(3)
     telemetry = pd.DataFrame(
         {
