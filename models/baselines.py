@@ -114,8 +114,8 @@ def _gpu_increments(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
     Reads the GPU table a row group at a time (its rows in time order: a part's rows are sorted
     by time and its row groups follow each other); the increases follow the feature engines' rule
     (:func:`foreshock.features.buckets.counter_increases`), each GPU's last value carried from one
-    row group to the next. A whole part at a time, the float64 working arrays of a part's million
-    rows outweighed everything else ``features`` holds on a small fleet."""
+    row group to the next: the float64 working arrays of a whole part's million rows would
+    outweigh everything else ``features`` holds on a small fleet."""
     counters = (*UNCORRECTABLE_COUNTERS, SBE_COUNTER)
     node_ids: dict[str, int] = {}
     rose_rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
