@@ -141,7 +141,7 @@ def _gpu_increments(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
         pd.DataFrame({"nid": nid, "ts": ts, "uncorrectable": uncorrectable, "sbe": sbe})
         .groupby(["nid", "ts"], as_index=False)
         .sum()
-        .query("uncorrectable != 0 or sbe != 0")  # the counts are whole: a sum is 0 only if its rows are
+        .query("uncorrectable != 0 or sbe != 0")  # increases that cancel (a negative count) are none
     )
     names = np.array(list(node_ids), dtype=object)
     return agg.assign(node=names[agg["nid"].to_numpy()]).drop(columns="nid").reset_index(drop=True)
@@ -162,7 +162,7 @@ def _gpu_counter_groups(
             if not len(df):
                 continue
             ts = df["ts"].to_numpy(dtype=np.int64)
-            if (ts[1:] < ts[:-1]).any():  # a part written against the layout: its rows in time order
+            if (ts[1:] < ts[:-1]).any():  # a part out of the layout's time order: this group put in it
                 df = df.iloc[np.argsort(ts, kind="stable")]
             yield df, present
 
