@@ -130,16 +130,20 @@ def _outage(broker: LocalKafka, seconds: float) -> tuple[int, int]:
     return down, now_ms()
 
 
-def _wait_for_one_after(bootstrap: str, node: str, group: str, ts_ms: int, timeout_s: float = 60) -> None:
+def _wait_for_one_after(proc: subprocess.Popen, bootstrap: str, node: str, group: str, ts_ms: int,
+                        timeout_s: float = 120) -> None:
     """Until ``node`` has a sample stamped at or after ``ts_ms`` in the topic: the collector got
-    through to a broker that was started again (slow to take writes on a loaded machine)."""
+    through to a broker that was started again (slow to take writes, and a new consumer group slow
+    to join, on a loaded machine). On a timeout the failure carries the collector's log."""
     bus = KafkaBus(bootstrap)
     stream = RecordStream(bus, bus.consumer(group, [Topic.GPU]))
     try:
         deadline = time.monotonic() + timeout_s
         while not any(r.node == node and r.ts >= ts_ms
                       for d in stream.poll(timeout_s=0.5) for r in d.records):
-            assert time.monotonic() < deadline, "the collector delivered nothing after the broker came back"
+            if time.monotonic() >= deadline:
+                _, err, _ = _stop(proc)
+                pytest.fail(f"the collector delivered nothing after the broker came back:\n{err[-4000:]}")
     finally:
         stream.close()
         bus.close()
@@ -189,7 +193,7 @@ def test_a_tiny_buffer_drops_the_oldest_counts_and_reports_them(up, exporter, gr
                     "--flush-timeout", "5s") as proc:
         _wait_for_first(up.bootstrap, node, group_id + "-first")
         down, back = _outage(up, 6)
-        _wait_for_one_after(up.bootstrap, node, group_id + "-back", back)
+        _wait_for_one_after(proc, up.bootstrap, node, group_id + "-back", back)
         rc, err, flush_s = _stop(proc)
     assert rc == 0, err
     collected, delivered, dropped, dropped_polls, unsent = map(int, SUMMARY.search(err).groups())
