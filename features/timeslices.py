@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from foreshock.features.buckets import Columns
 from foreshock.features.frames import KINDS, Codes, needed_columns, to_columns
 from foreshock.features.spec import FeatureSet
-from foreshock.ingest.dataset import part_paths, read_manifest
+from foreshock.ingest.dataset import part_paths, read_manifest, row_groups
 
 __all__ = ["SLICE_ROWS", "time_slices", "dataset_extent", "gpu_rows"]
 
@@ -59,12 +59,7 @@ class _TableReader:
         self.done = False
 
     def _row_groups(self, data_dir: Path) -> Iterator[pa.Table]:
-        for path in part_paths(data_dir, self.kind):
-            names = pq.read_schema(path).names
-            file = pq.ParquetFile(path, read_dictionary=[c for c in _STRINGS if c in names])
-            cols = [c for c in needed_columns(self.kind, self._fs) if c in names]
-            for i in range(file.num_row_groups):
-                yield file.read_row_group(i, columns=cols)
+        return row_groups(data_dir, self.kind, needed_columns(self.kind, self._fs), _STRINGS)
 
     def advance(self) -> None:
         """Read the next row group (or learn that there is none)."""

@@ -13,7 +13,7 @@ encoding the writer chose on disk, so downstream code sees one set of dtypes.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -34,6 +34,7 @@ __all__ = [
     "read_events",
     "read_ground_truth",
     "part_paths",
+    "row_groups",
     "EVENT_SCHEMA",
     "GROUND_TRUTH_SCHEMA",
     "XID_SCHEMA",
@@ -115,6 +116,21 @@ def part_paths(directory: str | Path, table: str) -> list[Path]:
     if table not in TABLES:
         raise DatasetError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
     return sorted((Path(directory) / table).glob("part-*.parquet"))
+
+
+def row_groups(
+    directory: str | Path, table: str, columns: Sequence[str], dictionary: Sequence[str] = ()
+) -> Iterator[pa.Table]:
+    """``table``'s row groups in time order (its parts follow each other in time and a part's rows
+    are sorted by time), each with those of ``columns`` its part holds: a reader holds one row
+    group, not a part of a million rows. ``dictionary`` columns come as dictionaries (a string
+    decoded once per row group, not once per row)."""
+    for path in part_paths(directory, table):
+        names = set(pq.read_schema(path).names)
+        file = pq.ParquetFile(path, read_dictionary=[c for c in dictionary if c in names])
+        held = [c for c in columns if c in names]
+        for i in range(file.num_row_groups):
+            yield file.read_row_group(i, columns=held)
 
 
 def _empty_schema(table: str) -> pa.Schema:

@@ -30,7 +30,7 @@ from threadpoolctl import ThreadpoolController
 
 from foreshock.features.buckets import counter_increases
 from foreshock.features.table import FeatureTable
-from foreshock.ingest.dataset import part_paths
+from foreshock.ingest.dataset import part_paths, row_groups
 from foreshock.models.labels import node_codes
 
 __all__ = ["CRITICAL_XIDS", "RULE_COLUMNS", "RuleEvidence", "rule_inputs", "rule_scores", "LogisticBaseline",
@@ -152,19 +152,15 @@ def _gpu_counter_groups(
 ) -> Iterator[tuple[pd.DataFrame, list[str]]]:
     """The GPU table's row groups in time order (node, ts, gpu and the ``counters`` its part
     holds), with those counters' names; parts that hold none of them are skipped."""
-    for path in part_paths(data_dir, "gpu"):
-        present = [c for c in counters if c in set(pq.read_schema(path).names)]
-        if not present:
+    for group in row_groups(data_dir, "gpu", ["node", "ts", "gpu", *counters], dictionary=["node"]):
+        present = [c for c in counters if c in group.column_names]
+        if not present or not group.num_rows:
             continue
-        file = pq.ParquetFile(path, read_dictionary=["node"])
-        for i in range(file.num_row_groups):
-            df = file.read_row_group(i, columns=["node", "ts", "gpu", *present]).to_pandas()
-            if not len(df):
-                continue
-            ts = df["ts"].to_numpy(dtype=np.int64)
-            if (ts[1:] < ts[:-1]).any():  # a part out of the layout's time order: this group put in it
-                df = df.iloc[np.argsort(ts, kind="stable")]
-            yield df, present
+        df = group.to_pandas()
+        ts = df["ts"].to_numpy(dtype=np.int64)
+        if (ts[1:] < ts[:-1]).any():  # a part out of the layout's time order: this group put in it
+            df = df.iloc[np.argsort(ts, kind="stable")]
+        yield df, present
 
 
 def _critical_xids(data_dir: Path, cadence_ms: int) -> pd.DataFrame:
