@@ -29,7 +29,7 @@ from tests.integration.test_predictor_kafka import TopicReader
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-DURABLE_EVERY = 20
+DURABLE_EVERY = 10
 MEMORY_EVERY = 1
 
 
@@ -37,7 +37,7 @@ MEMORY_EVERY = 1
 def drill(tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("drill")
     proc = subprocess.run(
-        [sys.executable, "-m", "foreshock", "drill", "--json", "--state-mb", "64",
+        [sys.executable, "-m", "foreshock", "drill", "--json", "--state-mb", "32",
          "--memory-every", str(MEMORY_EVERY), "--durable-every", str(DURABLE_EVERY), "--workdir", str(work)],
         capture_output=True, text=True, timeout=880,
     )
