@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Final
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -52,14 +51,11 @@ class _TableReader:
     ):
         self.kind = kind
         self._fs, self._nodes, self._ports, self._keep = fs, nodes, ports, keep
-        self._groups = self._row_groups(data_dir)
+        self._groups = row_groups(data_dir, kind, needed_columns(kind, fs), _STRINGS)
         self._pending: list[Columns] = []
         self.pending_rows = 0
         self.newest = -np.inf  # the newest ts read: every older row of this table has been read
         self.done = False
-
-    def _row_groups(self, data_dir: Path) -> Iterator[pa.Table]:
-        return row_groups(data_dir, self.kind, needed_columns(self.kind, self._fs), _STRINGS)
 
     def advance(self) -> None:
         """Read the next row group (or learn that there is none)."""

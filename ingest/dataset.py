@@ -119,14 +119,21 @@ def part_paths(directory: str | Path, table: str) -> list[Path]:
 
 
 def row_groups(
-    directory: str | Path, table: str, columns: Sequence[str], dictionary: Sequence[str] = ()
+    directory: str | Path,
+    table: str,
+    columns: Sequence[str],
+    dictionary: Sequence[str] = (),
+    any_of: Sequence[str] = (),
 ) -> Iterator[pa.Table]:
     """``table``'s row groups in time order (its parts follow each other in time and a part's rows
     are sorted by time), each with those of ``columns`` its part holds: a reader holds one row
     group, not a part of a million rows. ``dictionary`` columns come as dictionaries (a string
-    decoded once per row group, not once per row)."""
+    decoded once per row group, not once per row). With ``any_of``, a part holding none of those
+    columns is skipped unread."""
     for path in part_paths(directory, table):
         names = set(pq.read_schema(path).names)
+        if any_of and names.isdisjoint(any_of):
+            continue
         file = pq.ParquetFile(path, read_dictionary=[c for c in dictionary if c in names])
         held = [c for c in columns if c in names]
         for i in range(file.num_row_groups):

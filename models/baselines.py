@@ -152,10 +152,11 @@ def _gpu_counter_groups(
 ) -> Iterator[tuple[pd.DataFrame, list[str]]]:
     """The GPU table's row groups in time order (node, ts, gpu and the ``counters`` its part
     holds), with those counters' names; parts that hold none of them are skipped."""
-    for group in row_groups(data_dir, "gpu", ["node", "ts", "gpu", *counters], dictionary=["node"]):
-        present = [c for c in counters if c in group.column_names]
-        if not present or not group.num_rows:
+    for group in row_groups(data_dir, "gpu", ["node", "ts", "gpu", *counters], dictionary=["node"],
+                            any_of=counters):
+        if not group.num_rows:
             continue
+        present = [c for c in counters if c in group.column_names]
         df = group.to_pandas()
         ts = df["ts"].to_numpy(dtype=np.int64)
         if (ts[1:] < ts[:-1]).any():  # a part out of the layout's time order: this group put in it

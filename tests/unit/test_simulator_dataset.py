@@ -24,6 +24,7 @@ from foreshock.ingest.dataset import (
     read_ground_truth,
     read_manifest,
     read_table,
+    row_groups,
 )
 from foreshock.ingest.simulator import Simulator, load_profile, parse_profile, write_dataset
 
@@ -136,6 +137,22 @@ def test_read_table_selects_columns_and_time(dataset):
     assert list(part.columns) == ["node", "gpu_temp"]
     full = read_table(out, "gpu", columns=["ts"])
     assert len(part) == ((full.ts >= lo) & (full.ts < hi)).sum() > 0
+
+
+def test_row_groups_come_in_time_order_and_parts_without_the_wanted_columns_go_unread(dataset, tmp_path):
+    _, out = dataset
+    groups = list(row_groups(out, "gpu", ["ts", "node", "no_such_column"], dictionary=["node"]))
+    assert len(groups) >= len(part_paths(out, "gpu"))
+    assert all(g.column_names == ["ts", "node"] for g in groups)  # only the columns a part holds
+    assert pa.types.is_dictionary(groups[0].schema.field("node").type)
+    ts = np.concatenate([g.column("ts").to_numpy() for g in groups])
+    assert (np.diff(ts) >= 0).all() and len(ts) == len(read_table(out, "gpu", columns=["ts"]))
+    # a part without the column asked for is skipped before a row of it is read
+    (tmp_path / "gpu").mkdir()
+    pq.write_table(pa.table({"ts": [1, 2], "node": ["a", "b"]}), tmp_path / "gpu" / "part-00000.parquet")
+    pq.write_table(pa.table({"ts": [3], "node": ["a"], "sbe": [1.0]}), tmp_path / "gpu" / "part-00001.parquet")
+    kept = list(row_groups(tmp_path, "gpu", ["ts", "sbe"], any_of=["sbe"]))
+    assert [g.to_pydict() for g in kept] == [{"ts": [3], "sbe": [1.0]}]
 
 
 def test_writer_refuses_an_existing_dataset_and_a_bad_layout(dataset, tmp_path):
