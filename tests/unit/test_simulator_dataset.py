@@ -148,9 +148,10 @@ def test_row_groups_come_in_time_order_and_parts_without_the_wanted_columns_go_u
     ts = np.concatenate([g.column("ts").to_numpy() for g in groups])
     assert (np.diff(ts) >= 0).all() and len(ts) == len(read_table(out, "gpu", columns=["ts"]))
     # a part without the column asked for is skipped before a row of it is read
-    (tmp_path / "gpu").mkdir()
-    pq.write_table(pa.table({"ts": [1, 2], "node": ["a", "b"]}), tmp_path / "gpu" / "part-00000.parquet")
-    pq.write_table(pa.table({"ts": [3], "node": ["a"], "sbe": [1.0]}), tmp_path / "gpu" / "part-00001.parquet")
+    parts = tmp_path / "gpu"
+    parts.mkdir()
+    pq.write_table(pa.table({"ts": [1, 2], "node": ["a", "b"]}), parts / "part-00000.parquet")
+    pq.write_table(pa.table({"ts": [3], "node": ["a"], "sbe": [1.0]}), parts / "part-00001.parquet")
     kept = list(row_groups(tmp_path, "gpu", ["ts", "sbe"], any_of=["sbe"]))
     assert [g.to_pydict() for g in kept] == [{"ts": [3], "sbe": [1.0]}]
 
