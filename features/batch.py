@@ -232,13 +232,14 @@ def _rows(
     b = fs.bucket_ms
     b_lo = int(ticks[0] // b) - _longest(fs)
     nb = int(ticks[-1] // b) - b_lo
-    keep = (table.bucket >= b_lo) & (table.bucket < b_lo + nb)
-    rows_node, rows_col = table.node[keep], table.bucket[keep] - b_lo
+    # positions, not a mask: ``values[mask, j]`` would turn the mask into positions once a statistic
+    keep = np.flatnonzero((table.bucket >= b_lo) & (table.bucket < b_lo + nb))
+    cell = table.node[keep] * nb + (table.bucket[keep] - b_lo)  # in a flat (node, bucket) grid
     grids = {}
     for j, s in enumerate(fs.stats):
-        x = np.full((len(names), nb), empty_value(s))
-        x[rows_node, rows_col] = table.values[keep, j]
-        grids[s] = _Grid(x)
+        x = np.full(len(names) * nb, empty_value(s))
+        x[cell] = table.values[keep, j]
+        grids[s] = _Grid(x.reshape(len(names), nb))
     ends = (ticks // b - b_lo).astype(np.int64)
     floor = None
     index = {n: i for i, n in enumerate(names)}

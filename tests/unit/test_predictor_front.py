@@ -147,7 +147,11 @@ def _serving(model, *flags: str):
                               str(port), "--simulate-nodes", "4", *flags], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
-        assert _until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200)
+        try:  # a start on a loaded two-core host (the suite runs two files at a time) can take 30 s
+            _until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200, timeout=120)
+        except AssertionError:
+            serve.kill()
+            raise AssertionError(f"serve never answered /healthz: {serve.communicate()[1][-3000:]}") from None
         # its other child, if any, is multiprocessing's tracker
         (api,) = [c for c in psutil.Process(serve.pid).children() if "spawn_main" in " ".join(c.cmdline())]
         yield serve, api
