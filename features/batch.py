@@ -251,17 +251,17 @@ def _rows(
             floor = window_floors(at, back["ts"].to_numpy(np.int64), len(names), ticks, b) - b_lo
     t = np.broadcast_to(ticks.astype(np.float64), (len(names), len(ticks)))
     live = _reduce(Reduction("sum", fs.records_stat), grids, fs.live_ms // b, ends, floor) > 0
-    values = np.empty((int(live.sum()), len(fs.features)))
+    values = np.empty((len(fs.features), int(live.sum())))  # a feature a row: each one written whole
     for j, f, w, reductions in fs.plan:
         reduced = [_reduce(r, grids, w, ends, floor) for r in reductions]
-        values[:, j] = AGGREGATIONS[f.agg].finalize(reduced, f, t, b)[live]
+        values[j] = AGGREGATIONS[f.agg].finalize(reduced, f, t, b)[live]
     node_idx, tick_idx = np.nonzero(live)
     if fs.history_plan:
         events = history_events(mine) if mine is not None else history_events(_NO_EVENTS)
         at = np.array([index[n] for n in events["node"]], dtype=np.int64)
         log = EventLog.of(at, events["field"], events["ts"])
-        values[:, [j for j, _ in fs.history_plan]] = history_values(fs, log, node_idx, ticks[tick_idx])
-    out = pd.DataFrame(values, columns=[f.name for f in fs.features])
+        values[[j for j, _ in fs.history_plan]] = history_values(fs, log, node_idx, ticks[tick_idx]).T
+    out = pd.DataFrame(values.T, columns=[f.name for f in fs.features])
     out.insert(0, "node", np.asarray(names, dtype=object)[node_idx])
     out.insert(1, "ts", ticks[tick_idx])
     return out
