@@ -41,7 +41,7 @@ SUMMARY = re.compile(r"(\d+) records collected, (\d+) delivered, (\d+) dropped b
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory) -> Iterator[LocalKafka]:
-    kafka = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka-outage")).start()
+    kafka = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka-outage"), quick_start=True).start()
     try:
         ensure_topics(kafka.bootstrap, [Topic.GPU], partitions=8)
         yield kafka

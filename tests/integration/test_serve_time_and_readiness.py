@@ -46,7 +46,7 @@ PERIOD_MS = 5 * 60_000
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     """A broker of this module's own (never an external one: a test stops it)."""
-    kafka = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka")).start()
+    kafka = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka"), quick_start=True).start()
     try:
         ensure_topics(kafka.bootstrap, Topic.ALL, partitions=PARTITIONS)
         yield kafka
