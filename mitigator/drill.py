@@ -159,6 +159,8 @@ class _Cluster:
             "--rdzv-conf", "is_host=false,join_timeout=90,last_call_timeout=1,keep_alive_interval=1,"
             "keep_alive_max_attempt=3",
             "--max-restarts=3", "--monitor-interval=0.1",
+            # its per-attempt logs beside the drill's own: by default each agent leaves a folder in /tmp
+            f"--log-dir={self.work / 'logs' / 'torchelastic'}",
             "-m", "foreshock.mitigator.drill_job", "--job", JOB, "--drill-node", node,
             "--control-dir", str(self.control), "--ckpt-dir", str(self.ckpt),
             "--memory-dir", str(self.memory_dir(node)), "--progress", str(self.progress),

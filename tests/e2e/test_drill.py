@@ -20,6 +20,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,10 @@ MEMORY_EVERY = 1
 
 
 @pytest.fixture(scope="module")
-def drill(tmp_path_factory) -> dict:
+def drill_run(tmp_path_factory) -> tuple[dict, Path, set[Path]]:
+    """The drill's figures, its work folder, and the folders it left in the temporary folder."""
     work = tmp_path_factory.mktemp("drill")
+    before = set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
     proc = subprocess.run(
         [sys.executable, "-m", "foreshock", "drill", "--json", "--state-mb", "32",
          "--memory-every", str(MEMORY_EVERY), "--durable-every", str(DURABLE_EVERY), "--workdir", str(work)],
@@ -48,7 +51,18 @@ def drill(tmp_path_factory) -> dict:
               f"{s['restore_source']}, {s['components_seconds']}")
     print(f"stall p50 {result['stall_ms_p50']} ms, p99 {result['stall_ms_p99']} ms; "
           f"{result['bandwidth_gb_per_s']}")
-    return result
+    return result, work, set(Path(tempfile.gettempdir()).glob("torchelastic_*")) - before
+
+
+@pytest.fixture(scope="module")
+def drill(drill_run) -> dict:
+    return drill_run[0]
+
+
+def test_torchruns_logs_stay_in_the_drills_folder_and_nothing_is_left_in_tmp(drill_run):
+    _, work, left = drill_run
+    assert not left
+    assert list((work / "warned" / "logs" / "torchelastic").rglob("attempt_*"))
 
 
 def _scenario(result: dict, name: str) -> dict:
