@@ -175,7 +175,7 @@ class LocalKafka:
     def start(self, timeout_s: float = 90) -> LocalKafka:
         """Format the log dir (first start only), launch the broker and wait for its port.
 
-        The JVMs load Kafka's classes from a shared archive (class-data sharing) in the jar cache
+        The JVMs load Kafka's classes from a shared archive (class-data flags) in the jar cache
         once a broker has written one on a clean exit (:meth:`stop`); with ``quick_start`` the
         broker compiles with the client compiler only (``-XX:TieredStopAtLevel=1``). Together they
         take a start from about 14 CPU-seconds to about 5, for a broker that lives seconds (a test's);
@@ -186,18 +186,18 @@ class LocalKafka:
         log4j.write_text(LOG4J_CONFIG)
         java = ["java", f"-Xmx{self.heap_mb}m", f"-Dlog4j2.configurationFile={log4j}", "-cp", self.classpath]
         archive = class_archive(self.libs)
-        sharing = [f"-XX:SharedArchiveFile={archive}"] if archive.exists() else []
+        flags = [f"-XX:SharedArchiveFile={archive}"] if archive.exists() else []
         if not (self.data_dir / "logs" / "meta.properties").exists():
             cluster_id = uuid.uuid4().bytes.hex()[:22]
-            subprocess.run([*java, *sharing, "-XX:TieredStopAtLevel=1", "kafka.tools.StorageTool", "format",
+            subprocess.run([*java, *flags, "-XX:TieredStopAtLevel=1", "kafka.tools.StorageTool", "format",
                             "-t", cluster_id, "-c", str(cfg)],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if not sharing:
-            sharing = [f"-XX:ArchiveClassesAtExit={self._archive_written}"]
+        if not flags:
+            flags = [f"-XX:ArchiveClassesAtExit={self._archive_written}"]
         if self.quick_start:
-            sharing.append("-XX:TieredStopAtLevel=1")
+            flags.append("-XX:TieredStopAtLevel=1")
         log = open(self.data_dir / "broker.log", "ab")
-        self.process = subprocess.Popen([*java, *sharing, "kafka.Kafka", str(cfg)], stdout=log, stderr=log,
+        self.process = subprocess.Popen([*java, *flags, "kafka.Kafka", str(cfg)], stdout=log, stderr=log,
                                         start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
