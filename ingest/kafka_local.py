@@ -126,7 +126,7 @@ class LocalKafka:
     """One broker process: ``start()`` formats the log dir, launches KRaft and waits for the port."""
 
     def __init__(self, data_dir: Path | None = None, port: int | None = None, partitions: int = 8,
-                 heap_mb: int = 768, quick_start: bool = False):
+                 heap_mb: int = 768, quick_start: bool = False, class_sharing: bool = True):
         self.port = port or free_port()
         self.controller_port = free_port()
         self._owns_dir = data_dir is None  # a log dir it made itself, it removes on stop()
@@ -134,6 +134,7 @@ class LocalKafka:
         self.partitions = partitions
         self.heap_mb = heap_mb
         self.quick_start = quick_start
+        self.class_sharing = class_sharing
         self.process: subprocess.Popen | None = None
         self.libs = fetch_jars()
 
@@ -175,24 +176,25 @@ class LocalKafka:
     def start(self, timeout_s: float = 90) -> LocalKafka:
         """Format the log dir (first start only), launch the broker and wait for its port.
 
-        The JVMs load Kafka's classes from a shared archive (class-data flags) in the jar cache
-        once a broker has written one on a clean exit (:meth:`stop`); with ``quick_start`` the
-        broker compiles with the client compiler only (``-XX:TieredStopAtLevel=1``). Together they
-        take a start from about 14 CPU-seconds to about 5, for a broker that lives seconds (a test's);
-        a broker under sustained load (a benchmark's) wants the full compiler."""
+        With ``class_sharing`` the JVMs load Kafka's classes from a shared archive (class-data
+        sharing) in the jar cache once a broker has written one on a clean exit (:meth:`stop`):
+        most of a start is loading classes. With ``quick_start`` the broker compiles with the
+        client compiler only (``-XX:TieredStopAtLevel=1``): cheaper to start, for a broker that
+        lives seconds (a test's); one under sustained load (a benchmark's) wants the full compiler.
+        ``benchmarks/bench_kafka_start.py`` measures both."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cfg = self._write_config()
         log4j = self.data_dir / "log4j2.properties"
         log4j.write_text(LOG4J_CONFIG)
         java = ["java", f"-Xmx{self.heap_mb}m", f"-Dlog4j2.configurationFile={log4j}", "-cp", self.classpath]
         archive = class_archive(self.libs)
-        flags = [f"-XX:SharedArchiveFile={archive}"] if archive.exists() else []
+        flags = [f"-XX:SharedArchiveFile={archive}"] if self.class_sharing and archive.exists() else []
         if not (self.data_dir / "logs" / "meta.properties").exists():
             cluster_id = uuid.uuid4().bytes.hex()[:22]
             subprocess.run([*java, *flags, "-XX:TieredStopAtLevel=1", "kafka.tools.StorageTool", "format",
                             "-t", cluster_id, "-c", str(cfg)],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if not flags:
+        if self.class_sharing and not flags:
             flags = [f"-XX:ArchiveClassesAtExit={self._archive_written}"]
         if self.quick_start:
             flags.append("-XX:TieredStopAtLevel=1")

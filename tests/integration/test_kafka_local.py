@@ -46,3 +46,12 @@ def test_an_archive_a_jvm_cannot_map_is_thrown_away(tmp_path, archive):
     partial.write_bytes(b"\0" * 65536)  # what a JVM killed while writing it leaves
     broker.stop()
     assert not archive.exists() and not partial.exists()
+
+
+def test_without_class_sharing_a_broker_neither_maps_nor_writes_an_archive(tmp_path, archive):
+    broker = LocalKafka(data_dir=tmp_path / "plain", class_sharing=False).start()
+    try:
+        assert not any("SharedArchiveFile" in a or "ArchiveClassesAtExit" in a for a in broker.process.args)
+    finally:
+        broker.stop()
+    assert not archive.exists()
